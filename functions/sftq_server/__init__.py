@@ -1,0 +1,1 @@
+"""Server side of finetune-queue: database access, HTTP functions, scheduler, simulator."""

@@ -1,0 +1,147 @@
+"""The one database module every function shares: a small lazy pool and every SQL string.
+
+Python calls procedures; it never builds SQL for a state change. Each statement below
+has a one-line purpose. Connections are made for a transaction-mode pooler: autocommit
+(each call is its own transaction), no server-side prepared statements, no session state.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from .errors import SftqError, Unavailable, from_db_error
+
+# --- jobs-api: one call per request -------------------------------------------------
+# Authenticate + enqueue; the 201 body, whether it replayed an idempotency key, the id.
+API_ENQUEUE = "SELECT body::text, replayed, job_id FROM sftq.api_enqueue(%s, %s, %s::jsonb, %s, %s, %s)"
+# Authenticate + one keyset page of the caller's jobs and the next cursor.
+API_LIST_JOBS = "SELECT body::text, next_cursor FROM sftq.api_list_jobs(%s, %s, %s, %s, %s)"
+# Authenticate + one job of the caller's.
+API_GET_JOB = "SELECT sftq.api_get_job(%s, %s)::text"
+# Authenticate + cancel: the job as it now is, and which provider call (if any) finishes it.
+API_CANCEL_JOB = "SELECT body::text, action, kind, fireworks_job_name FROM sftq.api_cancel_job(%s, %s)"
+# Authenticate + finish a PROGRESS cancel once the provider confirmed the stop.
+API_COMPLETE_CANCEL = "SELECT sftq.api_complete_cancel(%s, %s)::text"
+# Authenticate + the three analytics bodies.
+API_QUEUE_CONTEXT = "SELECT sftq.api_queue_context(%s)::text"
+API_SUMMARY = "SELECT sftq.api_summary(%s)::text"
+API_JOB_ANALYTICS = "SELECT sftq.api_job_analytics(%s, %s)::text"
+# The database answers (health probe).
+API_HEALTH = "SELECT sftq.api_health()::text"
+
+# --- scheduler ---------------------------------------------------------------------
+# Take the tick lease; NULL when another tick holds it.
+TICK_BEGIN = "SELECT sftq.tick_begin(%s, make_interval(secs => %s))"
+# Extend the lease of a running tick.
+TICK_RENEW = "SELECT sftq.tick_renew(%s, make_interval(secs => %s))"
+# Record a tick's result and release the lease.
+TICK_FINISH = "SELECT sftq.tick_finish(%s, %s::jsonb)"
+# Every PROGRESS job with what the tick needs to submit, reconcile or finish a cancel.
+SCHEDULER_WORK = "SELECT * FROM sftq.scheduler_work()"
+# Compute the budget from the quota and admit, under the exclusive admission gate.
+ADMIT_FOR_QUOTA = "SELECT sftq.admit_for_quota(%s, %s, make_interval(secs => %s))"
+# The provider accepted (or already had) the job; answers 'stop' if a cancel came meanwhile.
+RECORD_SUBMITTED = "SELECT sftq.record_submitted(%s, %s, %s, %s)"
+# A create failed: transient (retry next tick) or rejected (FAIL with the body verbatim).
+RECORD_SUBMIT_ERROR = "SELECT sftq.record_submit_error(%s, %s, %s)"
+# The provider's state for one of our PROGRESS jobs (NOT_FOUND for a 404).
+RECORD_PROVIDER_STATE = "SELECT sftq.record_provider_state(%s, %s, %s)"
+# The provider confirmed a stop: PROGRESS -> CANCELLED.
+COMPLETE_CANCEL = "SELECT sftq.complete_cancel(%s, %s, %s::jsonb)"
+
+# --- admin -------------------------------------------------------------------------
+CREATE_USER = "SELECT sftq.create_user(%s)"
+ISSUE_KEY = "SELECT key, prefix FROM sftq.issue_key(%s)"
+REVOKE_KEY = "SELECT sftq.revoke_key(%s)"
+LIST_USERS = "SELECT * FROM sftq.list_users()"
+SET_CAP = "SELECT sftq.set_cap(%s, %s)"
+USER_EXISTS = "SELECT EXISTS (SELECT 1 FROM sftq.users WHERE name = %s)"
+
+
+def connect_kwargs() -> dict[str, Any]:
+    """Connection options that work behind a transaction-mode pooler."""
+    return {"autocommit": True, "prepare_threshold": None}
+
+
+class Database:
+    """A lazily opened pool. Database trouble surfaces as Unavailable (HTTP 503), never a hang."""
+
+    def __init__(self, url: str, *, max_size: int = 4, timeout: float = 5.0) -> None:
+        self.url = url
+        self.timeout = timeout
+        self._max_size = max_size
+        self._pool: ConnectionPool | None = None
+        self._lock = threading.Lock()
+
+    def _get_pool(self) -> ConnectionPool:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    kwargs = connect_kwargs() | {"connect_timeout": max(1, int(self.timeout))}
+                    pool = ConnectionPool(
+                        self.url, min_size=1, max_size=self._max_size, kwargs=kwargs,
+                        timeout=self.timeout, open=False, name="sftq",
+                        # Keep retrying a dead database so the function recovers by itself.
+                        reconnect_timeout=3600.0,
+                    )
+                    pool.open(wait=False)
+                    self._pool = pool
+        return self._pool
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            with self._get_pool().connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise Unavailable("the database is not reachable right now; retry shortly",
+                              headers={"Retry-After": "5"}) from exc
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+
+    def fetchone(self, query: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        with self.connection() as conn:
+            return conn.execute(query, params).fetchone()  # type: ignore[arg-type]
+
+    def fetchall(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self.connection() as conn:
+            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+
+    def scalar(self, query: str, params: Sequence[Any] = ()) -> Any:
+        row = self.fetchone(query, params)
+        return None if row is None else row[0]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+def translate(exc: psycopg.Error) -> SftqError:
+    """A psycopg error as a typed error: a procedure's coded error, or Unavailable."""
+    typed = from_db_error(exc)
+    if typed is not None:
+        return typed
+    if isinstance(exc, psycopg.OperationalError):
+        return Unavailable("the database is not reachable right now; retry shortly",
+                           headers={"Retry-After": "5"})
+    return SftqError("internal database error")
+
+
+_databases: dict[str, Database] = {}
+_registry_lock = threading.Lock()
+
+
+def get_database(url: str, *, max_size: int = 4, timeout: float = 5.0) -> Database:
+    """One pool per process and URL, shared by every function served from it."""
+    with _registry_lock:
+        db = _databases.get(url)
+        if db is None:
+            db = _databases[url] = Database(url, max_size=max_size, timeout=timeout)
+        return db

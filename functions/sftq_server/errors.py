@@ -1,0 +1,87 @@
+"""Typed errors: SQLSTATE codes from the procedures become these exceptions (from_db_error),
+and these exceptions become HTTP responses (the web layer's to_http)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class SftqError(Exception):
+    """An error with an HTTP status and a machine code, listed in docs/errors.md."""
+
+    status = 500
+    code = "internal"
+
+    def __init__(self, message: str, *, code: str | None = None, detail: Any = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.detail = detail
+        self.headers = headers or {}
+
+
+class BadRequest(SftqError):
+    status, code = 400, "validation_error"
+
+
+class Unauthorized(SftqError):
+    status, code = 401, "unauthorized"
+
+
+class Forbidden(SftqError):
+    status, code = 403, "forbidden"
+
+
+class NotFound(SftqError):
+    status, code = 404, "not_found"
+
+
+class MethodNotAllowed(SftqError):
+    status, code = 405, "method_not_allowed"
+
+
+class Conflict(SftqError):
+    status, code = 409, "conflict"
+
+
+class PayloadTooLarge(SftqError):
+    status, code = 413, "payload_too_large"
+
+
+class UnsupportedMediaType(SftqError):
+    status, code = 415, "unsupported_media_type"
+
+
+class Unavailable(SftqError):
+    status, code = 503, "unavailable"
+
+
+# SQLSTATE raised by sql/procedures -> (exception class, machine code).
+_SQLSTATE: dict[str, tuple[type[SftqError], str]] = {
+    "SQ400": (BadRequest, "validation_error"),
+    "SQ401": (Unauthorized, "unauthorized"),
+    "SQ404": (NotFound, "not_found"),
+    "SQ409": (Conflict, "job_terminal"),
+    "SQ419": (Conflict, "idempotency_conflict"),
+    "SQ422": (Conflict, "illegal_transition"),
+    "SQ423": (Conflict, "already_exists"),
+}
+
+
+def from_db_error(exc: Exception) -> SftqError | None:
+    """Map a psycopg error raised by a procedure to a typed error; None if it is not ours."""
+    diag = getattr(exc, "diag", None)
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate not in _SQLSTATE or diag is None:
+        return None
+    cls, code = _SQLSTATE[sqlstate]
+    detail: Any = None
+    if diag.message_detail:
+        try:
+            detail = json.loads(diag.message_detail)
+        except ValueError:
+            detail = diag.message_detail
+    return cls(diag.message_primary or code, code=code, detail=detail)

@@ -1,0 +1,113 @@
+-- The job state machine. sftq._transition is the only writer of jobs.state.
+
+CREATE OR REPLACE FUNCTION sftq.is_legal_transition(p_from text, p_to text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT (p_from, p_to) IN (('QUEUED', 'PROGRESS'), ('QUEUED', 'CANCELLED'),
+                              ('PROGRESS', 'SUCCESS'), ('PROGRESS', 'FAIL'),
+                              ('PROGRESS', 'CANCELLED'))
+$$;
+COMMENT ON FUNCTION sftq.is_legal_transition(text, text) IS
+    'The only legal moves: QUEUED->PROGRESS->{SUCCESS|FAIL}, QUEUED->CANCELLED, PROGRESS->CANCELLED.';
+
+-- Defence in depth: even a hand-written UPDATE cannot make an illegal move or
+-- set started_at / completed_at outside the transition that owns them.
+CREATE OR REPLACE FUNCTION sftq._jobs_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NEW.state IS DISTINCT FROM OLD.state THEN
+        IF NOT sftq.is_legal_transition(OLD.state, NEW.state) THEN
+            RAISE EXCEPTION USING ERRCODE = 'SQ422',
+                MESSAGE = format('illegal transition %s -> %s for job %s', OLD.state, NEW.state, OLD.id);
+        END IF;
+        IF NEW.state = 'PROGRESS' AND (NEW.started_at IS NULL OR NEW.completed_at IS NOT NULL) THEN
+            RAISE EXCEPTION USING ERRCODE = 'SQ422', MESSAGE = 'entering PROGRESS must set started_at only';
+        END IF;
+        IF NEW.state <> 'PROGRESS' AND NEW.completed_at IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'SQ422', MESSAGE = 'a terminal state must set completed_at';
+        END IF;
+        IF NEW.state <> 'PROGRESS' AND NEW.started_at IS DISTINCT FROM OLD.started_at THEN
+            RAISE EXCEPTION USING ERRCODE = 'SQ422', MESSAGE = 'started_at is set only on admission';
+        END IF;
+    ELSIF NEW.started_at IS DISTINCT FROM OLD.started_at
+       OR NEW.completed_at IS DISTINCT FROM OLD.completed_at THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ422',
+            MESSAGE = 'started_at and completed_at are set by transitions, never directly';
+    END IF;
+    IF NEW.user_id <> OLD.user_id OR NEW.created_at <> OLD.created_at OR NEW.kind <> OLD.kind
+       OR NEW.gpu_count <> OLD.gpu_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ422', MESSAGE = 'owner, kind, gpu_count and created_at are immutable';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER jobs_guard
+    BEFORE UPDATE ON sftq.jobs
+    FOR EACH ROW EXECUTE FUNCTION sftq._jobs_guard();
+
+CREATE OR REPLACE FUNCTION sftq._transition(
+    p_job_id  uuid,
+    p_to      text,
+    p_now     timestamptz,
+    p_actor   text,
+    p_event   text,
+    p_detail  jsonb DEFAULT NULL,
+    p_error   text DEFAULT NULL)
+RETURNS sftq.jobs
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job      sftq.jobs;
+    v_from     text;
+    v_next_id  uuid;
+    v_next_at  timestamptz;
+BEGIN
+    SELECT * INTO v_job FROM sftq.jobs WHERE id = p_job_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ404', MESSAGE = format('job %s not found', p_job_id);
+    END IF;
+    v_from := v_job.state;
+    IF NOT sftq.is_legal_transition(v_from, p_to) THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ409',
+            MESSAGE = format('job %s is %s and cannot become %s', p_job_id, v_from, p_to),
+            DETAIL = json_build_object('state', v_from)::text;
+    END IF;
+
+    UPDATE sftq.jobs
+       SET state        = p_to,
+           started_at   = CASE WHEN p_to = 'PROGRESS' THEN p_now ELSE started_at END,
+           completed_at = CASE WHEN p_to IN ('SUCCESS', 'FAIL', 'CANCELLED') THEN p_now END,
+           error        = COALESCE(p_error, error)
+     WHERE id = p_job_id
+    RETURNING * INTO v_job;
+
+    -- Keep the owner's admission bookkeeping in step (job row first, then user row:
+    -- the same order as enqueue, so the two never deadlock).
+    IF v_from = 'QUEUED' THEN
+        SELECT j.id, j.created_at INTO v_next_id, v_next_at
+          FROM sftq.jobs j
+         WHERE j.user_id = v_job.user_id AND j.state = 'QUEUED'
+         ORDER BY j.created_at, j.id
+         LIMIT 1;
+    END IF;
+    UPDATE sftq.users u
+       SET queued_count    = u.queued_count - (v_from = 'QUEUED')::int,
+           running_count   = u.running_count + (p_to = 'PROGRESS')::int - (v_from = 'PROGRESS')::int,
+           head_job_id     = CASE WHEN v_from = 'QUEUED' THEN v_next_id ELSE u.head_job_id END,
+           head_created_at = CASE WHEN v_from = 'QUEUED' THEN v_next_at ELSE u.head_created_at END
+     WHERE u.id = v_job.user_id;
+
+    INSERT INTO sftq.job_events (job_id, at, actor, event, from_state, to_state, detail)
+    VALUES (p_job_id, p_now, p_actor, p_event, v_from, p_to, p_detail);
+    RETURN v_job;
+END
+$$;
+COMMENT ON FUNCTION sftq._transition(uuid, text, timestamptz, text, text, jsonb, text) IS
+    'Moves one job along the state machine, sets started_at/completed_at, keeps the owner''s counters and head, and writes the event row. Locking contract: locks the job row, then its owner''s user row. Callers take sftq._gate() first.';

@@ -1,0 +1,84 @@
+-- Enqueue.
+
+CREATE OR REPLACE FUNCTION sftq.enqueue(
+    p_user_id          bigint,
+    p_kind             text,
+    p_payload          jsonb,
+    p_display_name     text DEFAULT NULL,
+    p_gpu_count        integer DEFAULT 4,
+    p_idempotency_key  text DEFAULT NULL,
+    p_now              timestamptz DEFAULT NULL)
+RETURNS TABLE (id uuid, kind text, state text, created_at timestamptz, replayed boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_id       uuid := gen_random_uuid();
+    v_created  timestamptz;
+    v_hash     bytea;
+    v_old      sftq.jobs;
+    v_gpus     integer := COALESCE(p_gpu_count, 4);
+BEGIN
+    IF p_kind IS NULL OR p_kind NOT IN ('SFT', 'DPO', 'RFT') THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'kind must be one of SFT, DPO, RFT';
+    END IF;
+    IF p_payload IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'fireworks_payload is required';
+    END IF;
+    IF jsonb_typeof(p_payload) <> 'object' THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'fireworks_payload must be a JSON object';
+    END IF;
+    IF v_gpus < 1 OR v_gpus > 64 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'gpu_count must be an integer from 1 to 64';
+    END IF;
+    IF char_length(p_display_name) > 256 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'display_name must be at most 256 characters';
+    END IF;
+
+    -- Shared gate first: admit (exclusive) then sees every enqueue that got a
+    -- created_at before it decided, so no earlier job can appear behind its back.
+    PERFORM sftq._gate();
+
+    IF p_idempotency_key IS NOT NULL THEN
+        v_hash := sha256(convert_to(
+            jsonb_build_array(p_kind, p_payload, p_display_name, v_gpus)::text, 'UTF8'));
+    END IF;
+
+    -- clock_timestamp(), not now(): taken after the gate, so FIFO order follows the
+    -- moment of enqueue rather than the start of a long transaction.
+    v_created := COALESCE(p_now, clock_timestamp());
+    INSERT INTO sftq.jobs AS j (id, user_id, kind, display_name, gpu_count, fireworks_payload,
+                                created_at, idempotency_key, request_hash)
+    VALUES (v_id, p_user_id, p_kind, p_display_name, v_gpus, p_payload,
+            v_created, p_idempotency_key, v_hash)
+    ON CONFLICT (user_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
+
+    IF NOT FOUND THEN
+        -- The same key was used before (or concurrently, now committed).
+        SELECT * INTO v_old FROM sftq.jobs j
+         WHERE j.user_id = p_user_id AND j.idempotency_key = p_idempotency_key;
+        IF v_old.request_hash IS DISTINCT FROM v_hash THEN
+            RAISE EXCEPTION USING ERRCODE = 'SQ419',
+                MESSAGE = 'this Idempotency-Key was already used with a different request body',
+                DETAIL = json_build_object('job_id', v_old.id)::text;
+        END IF;
+        RETURN QUERY SELECT v_old.id, v_old.kind, v_old.state, v_old.created_at, true;
+        RETURN;
+    END IF;
+
+    UPDATE sftq.users u
+       SET queued_count = u.queued_count + 1,
+           head_job_id = CASE WHEN u.head_job_id IS NULL OR (u.head_created_at, u.head_job_id) > (v_created, v_id)
+                              THEN v_id ELSE u.head_job_id END,
+           head_created_at = CASE WHEN u.head_job_id IS NULL OR (u.head_created_at, u.head_job_id) > (v_created, v_id)
+                                  THEN v_created ELSE u.head_created_at END
+     WHERE u.id = p_user_id AND u.disabled_at IS NULL;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ401', MESSAGE = 'user not found or disabled';
+    END IF;
+
+    RETURN QUERY SELECT v_id, p_kind, 'QUEUED'::text, v_created, false;
+END
+$$;
+COMMENT ON FUNCTION sftq.enqueue(bigint, text, jsonb, text, integer, text, timestamptz) IS
+    'Adds a QUEUED job. With an idempotency key, the same key and body returns the first job (replayed = true); a different body raises SQ419. Locking contract: admission gate (shared), the new job row, then the owner''s user row (to keep queued_count and the head).';

@@ -1,0 +1,66 @@
+-- Reading one's own jobs.
+
+CREATE OR REPLACE FUNCTION sftq.job_json(j sftq.jobs)
+RETURNS json
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT json_build_object(
+        'id', j.id, 'kind', j.kind, 'state', j.state, 'display_name', j.display_name,
+        'gpu_count', j.gpu_count, 'created_at', sftq._iso(j.created_at),
+        'started_at', sftq._iso(j.started_at), 'completed_at', sftq._iso(j.completed_at),
+        'error', j.error, 'fireworks_job_name', j.fireworks_job_name)
+$$;
+COMMENT ON FUNCTION sftq.job_json(sftq.jobs) IS 'A job as the API shows it: exactly the contract''s fields, never the payload.';
+
+CREATE OR REPLACE FUNCTION sftq.get_job(p_user_id bigint, p_job_id uuid)
+RETURNS sftq.jobs
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job sftq.jobs;
+BEGIN
+    -- Owner-scoped: another user's job is "not found", so existence does not leak.
+    SELECT * INTO v_job FROM sftq.jobs WHERE id = p_job_id AND user_id = p_user_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ404', MESSAGE = 'job not found';
+    END IF;
+    RETURN v_job;
+END
+$$;
+COMMENT ON FUNCTION sftq.get_job(bigint, uuid) IS 'One of the caller''s jobs; SQ404 when it does not exist or is not theirs. Reads only.';
+
+CREATE OR REPLACE FUNCTION sftq.list_jobs(
+    p_user_id        bigint,
+    p_state          text DEFAULT NULL,
+    p_kind           text DEFAULT NULL,
+    p_limit          integer DEFAULT 100,
+    p_after_created  timestamptz DEFAULT NULL,
+    p_after_id       uuid DEFAULT NULL)
+RETURNS SETOF sftq.jobs
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_state IS NOT NULL AND p_state NOT IN ('QUEUED', 'PROGRESS', 'SUCCESS', 'FAIL', 'CANCELLED') THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'state must be one of QUEUED, PROGRESS, SUCCESS, FAIL, CANCELLED';
+    END IF;
+    IF p_kind IS NOT NULL AND p_kind NOT IN ('SFT', 'DPO', 'RFT') THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'kind must be one of SFT, DPO, RFT';
+    END IF;
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'limit must be between 1 and 1000';
+    END IF;
+    RETURN QUERY
+        SELECT * FROM sftq.jobs j
+         WHERE j.user_id = p_user_id
+           AND (p_state IS NULL OR j.state = p_state)
+           AND (p_kind IS NULL OR j.kind = p_kind)
+           AND (p_after_created IS NULL OR (j.created_at, j.id) < (p_after_created, p_after_id))
+         ORDER BY j.created_at DESC, j.id DESC
+         LIMIT p_limit;
+END
+$$;
+COMMENT ON FUNCTION sftq.list_jobs(bigint, text, text, integer, timestamptz, uuid) IS
+    'The caller''s jobs, newest first, filtered by state and kind, keyset-paged after (created_at, id). Reads only.';

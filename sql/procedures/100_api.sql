@@ -1,0 +1,151 @@
+-- The HTTP API's entry points: one call per request. Each authenticates the key hash
+-- and answers the response body as JSON text, so the web layer does not re-shape rows.
+-- SECURITY DEFINER so the API's login role needs EXECUTE on these and nothing else.
+
+CREATE OR REPLACE FUNCTION sftq.api_enqueue(
+    p_key_hash         bytea,
+    p_kind             text,
+    p_payload          jsonb,
+    p_display_name     text,
+    p_gpu_count        integer,
+    p_idempotency_key  text)
+RETURNS TABLE (body json, replayed boolean, job_id uuid)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_user bigint := sftq._auth(p_key_hash);
+    v_row  record;
+BEGIN
+    SELECT * INTO v_row FROM sftq.enqueue(v_user, p_kind, p_payload, p_display_name,
+                                          p_gpu_count, p_idempotency_key);
+    body := json_build_object('id', v_row.id, 'kind', v_row.kind, 'state', v_row.state,
+                              'created_at', sftq._iso(v_row.created_at));
+    replayed := v_row.replayed;
+    job_id := v_row.id;
+    RETURN NEXT;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION sftq.api_list_jobs(
+    p_key_hash  bytea,
+    p_state     text,
+    p_kind      text,
+    p_limit     integer,
+    p_cursor    text)
+RETURNS TABLE (body json, next_cursor text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_user      bigint := sftq._auth(p_key_hash);
+    v_after_at  timestamptz;
+    v_after_id  uuid;
+    v_rows      sftq.jobs[];
+    v_n         integer;
+BEGIN
+    IF p_cursor IS NOT NULL THEN
+        -- Cursor: "<created_at in epoch microseconds>_<job id hex>", opaque to clients.
+        IF p_cursor !~ '^[0-9]{1,17}_[0-9a-f]{32}$' THEN
+            RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'cursor is not valid; use the X-Next-Cursor value of the previous page';
+        END IF;
+        v_after_at := timestamptz 'epoch' + split_part(p_cursor, '_', 1)::bigint * interval '1 microsecond';
+        v_after_id := split_part(p_cursor, '_', 2)::uuid;
+    END IF;
+    SELECT array_agg(j ORDER BY j.created_at DESC, j.id DESC) INTO v_rows
+      FROM sftq.list_jobs(v_user, p_state, p_kind, p_limit + 1, v_after_at, v_after_id) j;
+    v_n := COALESCE(array_length(v_rows, 1), 0);
+    IF v_n > p_limit THEN
+        next_cursor := (extract(epoch FROM v_rows[p_limit].created_at) * 1000000)::bigint::text
+                       || '_' || replace(v_rows[p_limit].id::text, '-', '');
+        v_rows := v_rows[1:p_limit];
+    END IF;
+    SELECT COALESCE(json_agg(sftq.job_json(r) ORDER BY r.created_at DESC, r.id DESC), '[]'::json)
+      INTO body FROM unnest(v_rows) r;
+    RETURN NEXT;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION sftq.api_get_job(p_key_hash bytea, p_job_id uuid)
+RETURNS json
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT sftq.job_json(sftq.get_job(sftq._auth(p_key_hash), p_job_id))
+$$;
+
+CREATE OR REPLACE FUNCTION sftq.api_cancel_job(p_key_hash bytea, p_job_id uuid)
+RETURNS TABLE (body json, action text, kind text, fireworks_job_name text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_user bigint := sftq._auth(p_key_hash);
+    v_row  record;
+BEGIN
+    SELECT * INTO v_row FROM sftq.cancel(v_user, p_job_id);
+    body := sftq.job_json(sftq.get_job(v_user, p_job_id));
+    action := v_row.action;
+    kind := v_row.kind;
+    fireworks_job_name := v_row.fireworks_job_name;
+    RETURN NEXT;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION sftq.api_complete_cancel(p_key_hash bytea, p_job_id uuid)
+RETURNS json
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_user bigint := sftq._auth(p_key_hash);
+BEGIN
+    PERFORM sftq.get_job(v_user, p_job_id);  -- owner check first
+    PERFORM sftq.complete_cancel(p_job_id, 'user:' || (SELECT name FROM sftq.users WHERE id = v_user),
+                                 '{"via": "api"}'::jsonb);
+    RETURN sftq.job_json(sftq.get_job(v_user, p_job_id));
+END
+$$;
+
+CREATE OR REPLACE FUNCTION sftq.api_queue_context(p_key_hash bytea)
+RETURNS json
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT sftq.queue_context(sftq._auth(p_key_hash))
+$$;
+
+CREATE OR REPLACE FUNCTION sftq.api_summary(p_key_hash bytea)
+RETURNS json
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT sftq.summary(sftq._auth(p_key_hash))
+$$;
+
+CREATE OR REPLACE FUNCTION sftq.api_job_analytics(p_key_hash bytea, p_job_id uuid)
+RETURNS json
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT sftq.job_analytics(sftq._auth(p_key_hash), p_job_id)
+$$;
+
+CREATE OR REPLACE FUNCTION sftq.api_health()
+RETURNS json
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT json_build_object('database', 'ok',
+                             'last_tick', (SELECT sftq._iso(max(started_at)) FROM sftq.scheduler_ticks))
+$$;
+
+COMMENT ON FUNCTION sftq.api_enqueue(bytea, text, jsonb, text, integer, text) IS 'POST /jobs. Authenticates, then sftq.enqueue; answers the 201 body and whether it was an idempotent replay.';
+COMMENT ON FUNCTION sftq.api_list_jobs(bytea, text, text, integer, text) IS 'GET /jobs. Authenticates, then one keyset page of sftq.list_jobs and the next cursor (NULL on the last page).';
+COMMENT ON FUNCTION sftq.api_get_job(bytea, uuid) IS 'GET /jobs/:id. SQ404 when not the caller''s.';
+COMMENT ON FUNCTION sftq.api_cancel_job(bytea, uuid) IS 'DELETE /jobs/:id, first half: sftq.cancel plus the job as it now is.';
+COMMENT ON FUNCTION sftq.api_complete_cancel(bytea, uuid) IS 'DELETE /jobs/:id, second half, after the provider confirmed the stop.';
+COMMENT ON FUNCTION sftq.api_queue_context(bytea) IS 'GET /jobs/analytics/queue.';
+COMMENT ON FUNCTION sftq.api_summary(bytea) IS 'GET /jobs/analytics/summary.';
+COMMENT ON FUNCTION sftq.api_job_analytics(bytea, uuid) IS 'GET /jobs/:id/analytics.';
+COMMENT ON FUNCTION sftq.api_health() IS 'Health probe: the database answers; when the last tick started.';

@@ -1,0 +1,72 @@
+-- The analyst surface: what SQL analysts (role sftq_analyst) may read. Payload secrets
+-- are redacted and key material is absent. The views run with their owner's rights,
+-- so the analyst role needs no grant on the tables underneath.
+
+CREATE OR REPLACE VIEW sftq.analyst_jobs AS
+SELECT j.id,
+       u.name                                                     AS user_name,
+       j.kind,
+       j.state,
+       j.display_name,
+       j.gpu_count,
+       sftq.redact_secrets(j.fireworks_payload)                   AS fireworks_payload,
+       j.fireworks_job_name,
+       j.created_at,
+       j.started_at,
+       j.completed_at,
+       j.error,
+       j.cancel_requested_at,
+       j.submitted_at,
+       j.submit_attempts,
+       j.last_submit_error,
+       j.provider_state,
+       j.provider_state_at,
+       extract(epoch FROM j.started_at - j.created_at)            AS queue_wait_seconds,
+       extract(epoch FROM j.completed_at - j.started_at)          AS run_duration_seconds,
+       j.gpu_count * extract(epoch FROM j.completed_at - j.started_at) / 3600 AS gpu_hours
+  FROM sftq.jobs j
+  JOIN sftq.users u ON u.id = j.user_id;
+COMMENT ON VIEW sftq.analyst_jobs IS
+    'Every job with derived timings (seconds) and GPU hours; payload secrets redacted. run_duration_seconds and gpu_hours are null until the job ends, and for jobs cancelled while queued.';
+COMMENT ON COLUMN sftq.analyst_jobs.queue_wait_seconds IS 'Seconds from enqueue to admission; null while queued or if cancelled while queued.';
+COMMENT ON COLUMN sftq.analyst_jobs.run_duration_seconds IS 'Seconds from admission to completion; null until the job ends.';
+COMMENT ON COLUMN sftq.analyst_jobs.gpu_hours IS 'gpu_count x run duration in hours.';
+COMMENT ON COLUMN sftq.analyst_jobs.fireworks_payload IS 'The Fireworks body with secret-looking keys replaced by "[REDACTED]".';
+
+CREATE OR REPLACE VIEW sftq.analyst_job_events AS
+SELECT e.id, e.job_id, u.name AS user_name, j.kind, e.at, e.actor, e.event,
+       e.from_state, e.to_state, e.detail
+  FROM sftq.job_events e
+  JOIN sftq.jobs j ON j.id = e.job_id
+  JOIN sftq.users u ON u.id = j.user_id;
+COMMENT ON VIEW sftq.analyst_job_events IS 'Every transition and scheduler action, with who did it and what they saw.';
+
+CREATE OR REPLACE VIEW sftq.analyst_ticks AS
+SELECT id, started_at, finished_at, status, quota_limit, quota_usage, budget, admitted,
+       submitted, reconciled, cancelled, failed, errors,
+       extract(epoch FROM finished_at - started_at) AS duration_seconds
+  FROM sftq.scheduler_ticks;
+COMMENT ON VIEW sftq.analyst_ticks IS 'One row per scheduler tick: quota seen, budget, what it did, errors.';
+
+CREATE OR REPLACE VIEW sftq.analyst_users AS
+SELECT u.id, u.name, u.created_at, u.disabled_at, u.max_running,
+       u.running_count AS running, u.queued_count AS queued
+  FROM sftq.users u;
+COMMENT ON VIEW sftq.analyst_users IS 'Users with their cap and current running and queued counts (no key material).';
+
+CREATE OR REPLACE VIEW sftq.analyst_queue AS
+SELECT row_number() OVER (ORDER BY j.created_at, j.id) AS fifo_rank,
+       j.id, u.name AS user_name, j.kind, j.gpu_count, j.created_at,
+       j.id = u.head_job_id AS is_user_head,
+       u.running_count >= u.max_running AS user_at_cap
+  FROM sftq.jobs j
+  JOIN sftq.users u ON u.id = j.user_id
+ WHERE j.state = 'QUEUED';
+COMMENT ON VIEW sftq.analyst_queue IS 'The queue in FIFO order, with whether each job heads its user''s queue and whether that user is at cap.';
+
+CREATE OR REPLACE VIEW sftq.analyst_daily AS
+SELECT date_trunc('day', j.created_at) AS day, j.kind, j.state, count(*) AS jobs,
+       sum(j.gpu_count * extract(epoch FROM j.completed_at - j.started_at) / 3600) AS gpu_hours
+  FROM sftq.jobs j
+ GROUP BY 1, 2, 3;
+COMMENT ON VIEW sftq.analyst_daily IS 'Jobs and GPU hours per day of enqueue, kind and state.';
