@@ -89,7 +89,11 @@ BEGIN
     RETURNING * INTO v_job;
 
     -- Keep the owner's admission bookkeeping in step (job row first, then user row:
-    -- the same order as enqueue, so the two never deadlock).
+    -- the same order as enqueue, so the two never deadlock). Lock the user row before
+    -- looking for the next head: the statement after the lock sees every change
+    -- committed by a concurrent cancel or enqueue of the same user, so the head can
+    -- never be set to a job that just left the queue, nor miss one that just joined.
+    PERFORM 1 FROM sftq.users u WHERE u.id = v_job.user_id FOR UPDATE;
     IF v_from = 'QUEUED' THEN
         SELECT j.id, j.created_at INTO v_next_id, v_next_at
           FROM sftq.jobs j

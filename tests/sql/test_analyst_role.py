@@ -1,0 +1,56 @@
+"""The analyst role reads the views, and nothing else: no key table, no raw payloads."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from .conftest import Q
+
+
+def test_analyst_reads_redacted_views_only(q: Q) -> None:
+    a = q.user("a")
+    q.all("SELECT * FROM sftq.issue_key('a')")
+    payload = {"dataset": "d", "wandbConfig": {"enabled": True, "apiKey": "wandb-SECRET"},
+               "awsS3Config": {"credentialsSecret": "aws-SECRET"},
+               "nested": [{"authToken": "tok-SECRET", "dbPassword": "pw-SECRET", "epochs": 3}]}
+    job = q.enqueue(a, payload=payload)
+    q.admit(8)
+    q.conn.execute("SET ROLE sftq_analyst")
+    try:
+        shown = q.one("SELECT fireworks_payload FROM sftq.analyst_jobs WHERE id = %s", job)
+        assert "SECRET" not in json.dumps(shown)
+        assert shown["wandbConfig"] == {"enabled": True, "apiKey": "[REDACTED]"}
+        assert shown["nested"][0]["epochs"] == 3
+        for view in ("analyst_jobs", "analyst_job_events", "analyst_ticks", "analyst_users",
+                     "analyst_queue", "analyst_daily"):
+            q.all(f"SELECT * FROM sftq.{view}")
+        assert q.one("SELECT count(*) FROM sftq.analyst_job_events WHERE event = 'admitted'") == 1
+        for forbidden in ("SELECT * FROM sftq.api_keys", "SELECT fireworks_payload FROM sftq.jobs",
+                          "SELECT * FROM sftq.users", "SELECT * FROM sftq.job_events",
+                          "SELECT * FROM sftq_migrations.applied"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                q.conn.execute(forbidden)
+        # Nor can it call the procedures that change state.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            q.conn.execute("SELECT * FROM sftq.admit(100)")
+    finally:
+        q.conn.execute("RESET ROLE")
+
+
+def test_api_role_can_only_execute_the_api_entry_points(q: Q) -> None:
+    q.user("a")
+    key = q.one("SELECT key FROM sftq.issue_key('a')")
+    q.conn.execute("SET ROLE sftq_api")
+    try:
+        body = q.one("SELECT sftq.api_enqueue(sha256(convert_to(%s, 'UTF8')), 'SFT', '{}'::jsonb, NULL, 4, NULL)",
+                     key)
+        assert body is not None
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            q.conn.execute("SELECT * FROM sftq.jobs")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            q.conn.execute("SELECT * FROM sftq.admit(100)")
+    finally:
+        q.conn.execute("RESET ROLE")
