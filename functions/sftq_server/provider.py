@@ -1,0 +1,644 @@
+"""Fireworks control-plane client: fine-tuning jobs and the training GPU quota.
+
+Knows HTTP and Fireworks, nothing of the database. The scheduler is the only caller that
+decides what an error means for a job; this module only sorts failures into the few classes
+the scheduler acts on (see `ProviderError` and its subclasses). There are no retries here on
+purpose: a failed call is retried by the next scheduler tick, which re-reads state first.
+
+The same client talks to Fireworks and to the simulator (`sftq_server.simulator`); only the
+base URL differs.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import functools
+import json
+import logging
+import math
+import os
+import re
+import ssl
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC
+from http import HTTPStatus
+from types import TracebackType
+from typing import Any, Literal
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+KIND_COLLECTION: dict[str, str] = {
+    "SFT": "supervisedFineTuningJobs",
+    "DPO": "dpoJobs",
+    "RFT": "reinforcementFineTuningJobs",
+}
+ID_PARAM: dict[str, str] = {
+    "SFT": "supervisedFineTuningJobId",
+    "DPO": "dpoJobId",
+    "RFT": "reinforcementFineTuningJobId",
+}
+
+DEFAULT_BASE_URL = "https://api.fireworks.ai"
+DEFAULT_QUOTA_ID = "training-h200-count"
+DEFAULT_TIMEOUT = 10.0
+
+# Fireworks resource ids: 1-63 of [a-z0-9-], no leading or trailing '-'. Checking ids before
+# they go into a URL path also keeps a malformed id from addressing some other resource.
+_ID_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+
+ProviderOutcome = Literal["SUCCESS", "FAIL", "CANCELLED"]
+
+_TERMINAL: dict[str, ProviderOutcome] = {
+    "COMPLETED": "SUCCESS",
+    "FAILED": "FAIL",
+    "EXPIRED": "FAIL",
+    "EARLY_STOPPED": "FAIL",
+    "CANCELLED": "CANCELLED",
+    "DELETED": "CANCELLED",
+}
+# States Fireworks documents as non-terminal; anything outside both sets is logged once.
+_RUNNING = frozenset(
+    {
+        "UNSPECIFIED",
+        "CREATING",
+        "PENDING",
+        "VALIDATING",
+        "RUNNING",
+        "WRITING_RESULTS",
+        "CANCELLING",
+        "DELETING",
+        "DELETING_CLEANING_UP",
+        "PAUSED",
+        "RE_QUEUEING",
+        "CREATING_INPUT_DATASET",
+        "IDLE",
+    }
+)
+_unknown_states_logged: set[str] = set()
+
+
+def provider_job_id(job_id: uuid.UUID | str) -> str:
+    """The Fireworks job id for one of our jobs: a pure function of our id.
+
+    Deriving it (rather than letting Fireworks pick one) is what makes a retried create safe:
+    the second create answers 409 and the caller adopts the existing job (invariant 4).
+    "sftq-" + 32 hex digits is 37 chars of [a-z0-9-], valid under Fireworks' id rules.
+    """
+    parsed = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id))
+    return "sftq-" + parsed.hex
+
+
+def map_provider_state(state: str | None) -> ProviderOutcome | None:
+    """Map a Fireworks job state to our terminal state, or None while it is still running.
+
+    PAUSED is not terminal (it can be resumed). An unknown state is treated as running, so a
+    state Fireworks adds later can never fail or cancel a job by accident; it is logged once.
+    """
+    if not state:
+        return None
+    short = state.removeprefix("JOB_STATE_")
+    outcome = _TERMINAL.get(short)
+    if outcome is None and short not in _RUNNING and state not in _unknown_states_logged:
+        _unknown_states_logged.add(state)
+        logger.warning("unknown Fireworks job state %r: treating it as still running", state)
+    return outcome
+
+
+class ProviderError(Exception):
+    """A Fireworks call failed. `body` is the raw response text (empty when there was none)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        body: str = "",
+        provider_message: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+        # The human message parsed out of the body, whichever of the error shapes it used.
+        self.provider_message = provider_message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(status={self.status!r}, message={str(self)!r})"
+
+
+class Rejected(ProviderError):
+    """Fireworks refused the request itself (a 4xx that retrying cannot fix).
+
+    On create this means the payload was rejected: the job goes to FAIL with `body` verbatim.
+    """
+
+
+class AuthError(Rejected):
+    """401 or 403: our key or account is wrong, not the job's payload.
+
+    A subclass of `Rejected` so callers that only know `Rejected` stay correct; a scheduler
+    may prefer to keep jobs queued and raise an alarm instead of failing every job.
+    """
+
+
+class AlreadyExists(ProviderError):
+    """409: a job with this id exists already (the create was a retry); adopt it with a GET."""
+
+
+class NotFound(ProviderError):
+    """404 on get, delete, cancel, list or quota: the resource is not there (or was deleted)."""
+
+
+class Transient(ProviderError):
+    """Connection error, timeout, 408, 429 or 5xx: try again later.
+
+    `retry_after` is the server's Retry-After in seconds when it sent one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        body: str = "",
+        provider_message: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, status=status, body=body, provider_message=provider_message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class ProviderJob:
+    """One Fireworks fine-tuning job as the API returned it."""
+
+    name: str
+    job_id: str
+    kind: str
+    state: str | None
+    message: str | None
+    raw: dict[str, Any]
+
+    @property
+    def outcome(self) -> ProviderOutcome | None:
+        return map_provider_state(self.state)
+
+    @classmethod
+    def from_resource(cls, kind: str, resource: dict[str, Any], job_id: str = "") -> ProviderJob:
+        raw_name = resource.get("name")
+        name = raw_name if isinstance(raw_name, str) else ""
+        state = resource.get("state")
+        status = resource.get("status")
+        message = status.get("message") if isinstance(status, dict) else None
+        return cls(
+            name=name,
+            job_id=name.rsplit("/", 1)[-1] if name else job_id,
+            kind=kind,
+            state=state if isinstance(state, str) else None,
+            message=message if isinstance(message, str) and message else None,
+            raw=resource,
+        )
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A Fireworks quota; for training GPUs, `usage` counts GPUs held by running jobs."""
+
+    name: str
+    value: int
+    max_value: int
+    usage: float
+
+    @property
+    def limit(self) -> int:
+        # `value` is the limit Fireworks enforces and may sit below `maxValue`; budgeting
+        # against the smaller of the two never admits a job that Fireworks would refuse.
+        return min(self.value, self.max_value)
+
+    @property
+    def available(self) -> float:
+        return self.limit - self.usage
+
+    @classmethod
+    def from_resource(cls, resource: dict[str, Any]) -> Quota:
+        # proto3 JSON omits zero values, so a missing field means 0. The exception is a
+        # missing `value` altogether: then fall back to `maxValue`, which is the contract's
+        # own formula (maxValue - usage), rather than halting admission for good.
+        max_value = _as_int(resource.get("maxValue"), "maxValue")
+        raw_value = resource.get("value")
+        value = max_value if raw_value is None else _as_int(raw_value, "value")
+        name = resource.get("name")
+        return cls(
+            name=name if isinstance(name, str) else "",
+            value=value,
+            max_value=max_value,
+            usage=_as_float(resource.get("usage"), "usage"),
+        )
+
+
+def _as_int(raw: object, field: str) -> int:
+    # int64 fields arrive as JSON strings; accept plain numbers as well.
+    if raw is None:
+        return 0
+    if isinstance(raw, bool):
+        raise ProviderError(f"quota field {field} is not a number: {raw!r}")
+    try:
+        if isinstance(raw, str):
+            return int(raw.strip())
+        if isinstance(raw, int):
+            return raw
+        if isinstance(raw, float) and raw.is_integer():
+            return int(raw)
+    except ValueError:
+        pass
+    raise ProviderError(f"quota field {field} is not an integer: {raw!r}")
+
+
+def _as_float(raw: object, field: str) -> float:
+    if raw is None:
+        return 0.0
+    if isinstance(raw, bool):
+        raise ProviderError(f"quota field {field} is not a number: {raw!r}")
+    try:
+        if isinstance(raw, int | float | str):
+            result = float(raw)
+            if math.isfinite(result):
+                return result
+    except ValueError:
+        pass
+    raise ProviderError(f"quota field {field} is not a number: {raw!r}")
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
+
+
+def parse_error_message(text: str) -> str | None:
+    """The message in an error body, from any of the shapes Fireworks is seen to use.
+
+    Shapes (unconfirmed which one each endpoint uses, so all are accepted):
+    {"code": 3, "message": "..."} (grpc-gateway), {"error": {"message": "..."}},
+    {"error": "..."} and {"message": "..."}.
+    """
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    error = data.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    if isinstance(data.get("message"), str):
+        return str(data["message"])
+    if isinstance(error, str):
+        return error
+    return None
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    # Building httpx's default context (loading the CA bundle) costs ~70 ms; every client in
+    # the process shares one, which matters for cold starts and for per-tick clients.
+    return httpx.create_ssl_context()
+
+
+def _check_kind(kind: str) -> str:
+    try:
+        return KIND_COLLECTION[kind]
+    except KeyError:
+        raise ValueError(f"unknown job kind {kind!r}; expected one of SFT, DPO, RFT") from None
+
+
+def _check_id(job_id: str) -> str:
+    if not isinstance(job_id, str) or not _ID_RE.match(job_id):
+        raise ValueError(f"invalid Fireworks resource id {job_id!r}")
+    return job_id
+
+
+class FireworksClient:
+    """A small synchronous Fireworks client for the scheduler.
+
+    Every request carries the client timeout. Errors are raised as `ProviderError` subclasses;
+    nothing is retried here. The API key lives only in the transport's headers: it is kept out
+    of reprs, exception messages and log lines.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str = DEFAULT_BASE_URL,
+        api_key: str,
+        account_id: str,
+        quota_id: str = DEFAULT_QUOTA_ID,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if not api_key:
+            raise ValueError("a Fireworks API key is required")
+        if not account_id:
+            raise ValueError("a Fireworks account id is required")
+        self.base_url = base_url.rstrip("/")
+        self.account_id = account_id
+        self.quota_id = quota_id
+        self.timeout = timeout
+        self.calls_made = 0
+        self._count_lock = threading.Lock()
+        self._api_key = api_key
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={
+                "Authorization": f"Bearer {api_key}",
+                "Accept": "application/json",
+                "User-Agent": "finetune-queue",
+            },
+            timeout=httpx.Timeout(timeout),
+            transport=transport,
+            verify=_ssl_context(),
+            # A redirect would mean a wrong base URL; surface it instead of following it.
+            follow_redirects=False,
+        )
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ) -> FireworksClient:
+        """Build a client from FIREWORKS_API_KEY, FIREWORKS_ACCOUNT_ID and the optional
+        FIREWORKS_BASE_URL, FIREWORKS_QUOTA_ID and FIREWORKS_TIMEOUT."""
+        env = os.environ if environ is None else environ
+        api_key = env.get("FIREWORKS_API_KEY", "")
+        account_id = env.get("FIREWORKS_ACCOUNT_ID", "")
+        if not api_key:
+            raise ValueError("FIREWORKS_API_KEY is not set")
+        if not account_id:
+            raise ValueError("FIREWORKS_ACCOUNT_ID is not set")
+        raw_timeout = env.get("FIREWORKS_TIMEOUT") or str(DEFAULT_TIMEOUT)
+        try:
+            timeout = float(raw_timeout)
+        except ValueError:
+            raise ValueError(f"FIREWORKS_TIMEOUT is not a number: {raw_timeout!r}") from None
+        if not timeout > 0:
+            raise ValueError("FIREWORKS_TIMEOUT must be positive")
+        return cls(
+            base_url=env.get("FIREWORKS_BASE_URL") or DEFAULT_BASE_URL,
+            api_key=api_key,
+            account_id=account_id,
+            quota_id=env.get("FIREWORKS_QUOTA_ID") or DEFAULT_QUOTA_ID,
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"FireworksClient(base_url={self.base_url!r}, account_id={self.account_id!r}, "
+            f"quota_id={self.quota_id!r})"
+        )
+
+    def __enter__(self) -> FireworksClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def create_job(
+        self,
+        kind: str,
+        job_id: str,
+        payload: dict[str, Any],
+        *,
+        gpu_count: int | None = None,
+    ) -> ProviderJob:
+        """Create a job with our chosen id. A repeat raises `AlreadyExists` (409).
+
+        `gpu_count` travels as X-Sftq-Gpu-Count: the simulator sizes the job by it, and
+        Fireworks ignores headers it does not know.
+        """
+        collection = _check_kind(kind)
+        _check_id(job_id)
+        headers = {"X-Sftq-Gpu-Count": str(int(gpu_count))} if gpu_count is not None else None
+        data = self._request(
+            "POST",
+            f"{self._account_path}/{collection}",
+            op="create",
+            params={ID_PARAM[kind]: job_id},
+            json_body=payload,
+            headers=headers,
+        )
+        return ProviderJob.from_resource(kind, data, job_id)
+
+    def get_job(self, kind: str, job_id: str) -> ProviderJob:
+        collection = _check_kind(kind)
+        data = self._request("GET", f"{self._account_path}/{collection}/{_check_id(job_id)}")
+        return ProviderJob.from_resource(kind, data, job_id)
+
+    def list_jobs(self, kind: str, *, page_size: int = 200) -> Iterator[ProviderJob]:
+        """Every job of one kind, following nextPageToken (pages are fetched lazily)."""
+        collection = _check_kind(kind)
+        if not 1 <= page_size <= 200:
+            raise ValueError("page_size must be between 1 and 200")
+        token: str | None = None
+        seen_tokens: set[str] = set()
+        while True:
+            params = {"pageSize": str(page_size)}
+            if token:
+                params["pageToken"] = token
+            data = self._request("GET", f"{self._account_path}/{collection}", params=params)
+            items = data.get(collection) or []
+            if not isinstance(items, list):
+                raise ProviderError(f"list {collection}: {collection!r} is not a list")
+            for item in items:
+                if isinstance(item, dict):
+                    yield ProviderJob.from_resource(kind, item)
+            next_token = data.get("nextPageToken")
+            if not isinstance(next_token, str) or not next_token:
+                return
+            if next_token in seen_tokens:
+                # A server handing back a token it already gave would loop us forever.
+                raise ProviderError(f"list {collection}: page token repeated")
+            seen_tokens.add(next_token)
+            token = next_token
+
+    def delete_job(self, kind: str, job_id: str) -> None:
+        """DELETE an SFT or DPO job (Fireworks removes the resource; a later GET is 404)."""
+        collection = _check_kind(kind)
+        if kind == "RFT":
+            raise ValueError("RFT jobs are stopped with cancel_job, not deleted")
+        self._request("DELETE", f"{self._account_path}/{collection}/{_check_id(job_id)}")
+
+    def cancel_job(self, kind: str, job_id: str) -> None:
+        """POST :cancel to an RFT job (the resource stays, in JOB_STATE_CANCELLED)."""
+        collection = _check_kind(kind)
+        if kind != "RFT":
+            raise ValueError("only RFT jobs have :cancel here; SFT and DPO are deleted")
+        self._request(
+            "POST",
+            f"{self._account_path}/{collection}/{_check_id(job_id)}:cancel",
+            json_body={},
+        )
+
+    def stop_job(self, kind: str, job_id: str) -> str:
+        """Stop a job the way its kind is stopped; returns "delete" or "cancel".
+
+        A 404 means it is gone already (deleted by us on an earlier try, or externally), which
+        is what stopping wants, so it does not raise.
+        """
+        action = "cancel" if kind == "RFT" else "delete"
+        try:
+            if action == "cancel":
+                self.cancel_job(kind, job_id)
+            else:
+                self.delete_job(kind, job_id)
+        except NotFound:
+            logger.info("fireworks %s %s/%s: already gone (404)", action, kind, job_id)
+        return action
+
+    # -- quota ------------------------------------------------------------------------------
+
+    def get_quota(self) -> Quota:
+        data = self._request("GET", f"{self._account_path}/quotas/{self.quota_id}")
+        return Quota.from_resource(data)
+
+    def list_quotas(self) -> Iterator[Quota]:
+        token: str | None = None
+        while True:
+            params = {"pageToken": token} if token else None
+            data = self._request("GET", f"{self._account_path}/quotas", params=params)
+            for item in data.get("quotas") or []:
+                if isinstance(item, dict):
+                    yield Quota.from_resource(item)
+            next_token = data.get("nextPageToken")
+            if not isinstance(next_token, str) or not next_token or next_token == token:
+                return
+            token = next_token
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def _account_path(self) -> str:
+        return f"/v1/accounts/{self.account_id}"
+
+    def _redact(self, text: str) -> str:
+        # Fireworks never echoes the key, but a proxy or a debugging server might; keys shorter
+        # than 6 characters are not real keys and replacing them would mangle the text.
+        if len(self._api_key) >= 6 and self._api_key in text:
+            return text.replace(self._api_key, "[redacted]")
+        return text
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        op: str = "read",
+        params: Mapping[str, str] | None = None,
+        json_body: object = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        with self._count_lock:
+            self.calls_made += 1
+        started = time.monotonic()
+        what = f"{method} {path}"
+        try:
+            response = self._http.request(
+                method,
+                path,
+                params=params,
+                json=json_body if method in ("POST", "PATCH", "PUT") else None,
+                headers=headers,
+            )
+        except httpx.TimeoutException as exc:
+            logger.debug("fireworks %s: timed out after %.3fs", what, time.monotonic() - started)
+            raise Transient(f"{what}: timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            logger.debug("fireworks %s: %s", what, type(exc).__name__)
+            raise Transient(
+                f"{what}: connection failed ({type(exc).__name__}: {self._redact(str(exc))})"
+            ) from exc
+        elapsed_ms = (time.monotonic() - started) * 1000
+        logger.debug("fireworks %s -> %d in %.1f ms", what, response.status_code, elapsed_ms)
+        status = response.status_code
+        text = self._redact(response.text)
+        if 200 <= status < 300:
+            if not text.strip():
+                return {}
+            try:
+                data = json.loads(text)
+            except ValueError:
+                # A 2xx we cannot read (an HTML page from a proxy, say): the call may or may not
+                # have taken effect, and only a retry that re-reads can tell.
+                raise Transient(
+                    f"{what}: unreadable response body", status=status, body=text
+                ) from None
+            if not isinstance(data, dict):
+                raise Transient(f"{what}: response is not a JSON object", status=status, body=text)
+            return data
+        raise self._error(what, op, status, text, response.headers.get("Retry-After"))
+
+    def _error(
+        self, what: str, op: str, status: int, body: str, retry_after: str | None
+    ) -> ProviderError:
+        parsed = parse_error_message(body)
+        detail = parsed if parsed is not None else (body[:200] or _reason(status))
+        message = f"{what}: HTTP {status}: {detail}"
+        if status in (408, 429) or 500 <= status <= 599:
+            return Transient(
+                message,
+                status=status,
+                body=body,
+                provider_message=parsed,
+                retry_after=parse_retry_after(retry_after),
+            )
+        if status == 409:
+            return AlreadyExists(message, status=status, body=body, provider_message=parsed)
+        if status == 404 and op != "create":
+            return NotFound(message, status=status, body=body, provider_message=parsed)
+        if status in (401, 403):
+            return AuthError(message, status=status, body=body, provider_message=parsed)
+        if 400 <= status <= 499:
+            # Including a 404 on create: a referenced model or dataset that does not exist.
+            return Rejected(message, status=status, body=body, provider_message=parsed)
+        return ProviderError(message, status=status, body=body, provider_message=parsed)
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "unexpected status"
