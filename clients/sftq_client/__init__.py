@@ -1,0 +1,83 @@
+"""Python client for finetune-queue, the fair FIFO queue in front of Fireworks fine-tuning.
+
+from sftq_client import Client
+
+with Client() as sftq:  # SFTQ_API_KEY and SFTQ_API_URL / SUPABASE_URL from the environment
+    job = sftq.submit("SFT", payload, display_name="baseline")
+    final = sftq.wait(job.id)
+"""
+
+from __future__ import annotations
+
+from ._client import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, AsyncClient, Client
+from ._version import __version__
+from .errors import (
+    APIConnectionError,
+    BadRequest,
+    ConfigurationError,
+    Conflict,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    ServerError,
+    ServiceUnavailable,
+    SftqError,
+    Timeout,
+    Unauthorized,
+    WaitTimeout,
+)
+from .models import (
+    KINDS,
+    STATES,
+    TERMINAL_STATES,
+    CancelResult,
+    Job,
+    JobAnalytics,
+    JobPage,
+    Kind,
+    ProgressJob,
+    QueueContext,
+    QueuedJob,
+    RecentFailure,
+    State,
+    SubmitResult,
+    Summary,
+    Timeline,
+)
+
+__all__ = [
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_TIMEOUT",
+    "KINDS",
+    "STATES",
+    "TERMINAL_STATES",
+    "APIConnectionError",
+    "AsyncClient",
+    "BadRequest",
+    "CancelResult",
+    "Client",
+    "ConfigurationError",
+    "Conflict",
+    "Job",
+    "JobAnalytics",
+    "JobPage",
+    "Kind",
+    "NotFound",
+    "PayloadTooLarge",
+    "ProgressJob",
+    "QueueContext",
+    "QueuedJob",
+    "RateLimited",
+    "RecentFailure",
+    "ServerError",
+    "ServiceUnavailable",
+    "SftqError",
+    "State",
+    "SubmitResult",
+    "Summary",
+    "Timeline",
+    "Timeout",
+    "Unauthorized",
+    "WaitTimeout",
+    "__version__",
+]

@@ -1,0 +1,183 @@
+"""Response models for the jobs-api.
+
+Shapes follow the contract field for field. Unknown fields are ignored so that an older client
+keeps working against a newer server that adds fields. Timestamps are parsed into timezone-aware
+datetimes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+__all__ = [
+    "KINDS",
+    "STATES",
+    "TERMINAL_STATES",
+    "CancelResult",
+    "Job",
+    "JobAnalytics",
+    "JobPage",
+    "Kind",
+    "ProgressJob",
+    "QueueContext",
+    "QueuedJob",
+    "RecentFailure",
+    "State",
+    "SubmitResult",
+    "Summary",
+    "Timeline",
+]
+
+Kind = Literal["SFT", "DPO", "RFT"]
+State = Literal["QUEUED", "PROGRESS", "SUCCESS", "FAIL", "CANCELLED"]
+
+KINDS: Final[tuple[Kind, ...]] = ("SFT", "DPO", "RFT")
+STATES: Final[tuple[State, ...]] = ("QUEUED", "PROGRESS", "SUCCESS", "FAIL", "CANCELLED")
+TERMINAL_STATES: Final[frozenset[State]] = frozenset({"SUCCESS", "FAIL", "CANCELLED"})
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Job(_Model):
+    """One job as ``GET /jobs`` and ``GET /jobs/{id}`` return it."""
+
+    id: str
+    kind: Kind
+    state: State
+    display_name: str | None = None
+    gpu_count: int
+    created_at: datetime
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    error: str | None = None
+    fireworks_job_name: str | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the job can no longer change (SUCCESS, FAIL or CANCELLED)."""
+        return self.state in TERMINAL_STATES
+
+
+class SubmitResult(_Model):
+    """The answer to ``POST /jobs`` (also what an idempotent replay answers)."""
+
+    id: str
+    kind: Kind
+    state: State
+    created_at: datetime
+
+
+class CancelResult(Job):
+    """The answer to ``DELETE /jobs/{id}``.
+
+    ``pending`` is True when the server answered 202: the job was PROGRESS, the cancel is recorded
+    and the scheduler finishes it at its next tick, so ``state`` is still PROGRESS here.
+    ``message`` is the server's explanation in that case.
+    """
+
+    message: str | None = None
+    pending: bool = False
+
+
+class JobPage(_Model):
+    """One page of ``GET /jobs``: the jobs, newest first, and the next page's cursor, if any."""
+
+    items: list[Job]
+    next_cursor: str | None = None
+
+    @property
+    def has_more(self) -> bool:
+        return self.next_cursor is not None
+
+
+class ProgressJob(_Model):
+    """The caller's running job inside :class:`QueueContext`."""
+
+    id: str
+    display_name: str | None = None
+    kind: Kind
+    gpu_count: int
+    started_at: datetime | None = None
+    fireworks_job_name: str | None = None
+
+
+class QueuedJob(_Model):
+    """One of the caller's waiting jobs inside :class:`QueueContext`."""
+
+    id: str
+    display_name: str | None = None
+    kind: Kind
+    gpu_count: int
+    created_at: datetime
+    # Other users' QUEUED jobs ahead of this one; the caller's own earlier jobs are not counted.
+    queue_position: int
+
+
+class QueueContext(_Model):
+    """``GET /jobs/analytics/queue``."""
+
+    your_progress_job: ProgressJob | None = None
+    your_queued_jobs: list[QueuedJob] = []
+    global_queue_depth: int
+    global_progress_count: int
+    global_gpu_in_use: int
+
+
+class RecentFailure(_Model):
+    """One entry of :attr:`Summary.recent_failures`."""
+
+    id: str
+    display_name: str | None = None
+    kind: Kind
+    gpu_count: int
+    error: str | None = None
+    failed_at: datetime | None = None
+
+
+class Summary(_Model):
+    """``GET /jobs/analytics/summary``: lifetime aggregates over the caller's jobs."""
+
+    total: int
+    by_state: dict[str, int] = {}
+    by_kind: dict[str, int] = {}
+    # None until at least one job is terminal.
+    success_rate: float | None = None
+    # None until at least one job succeeded.
+    avg_run_duration_seconds: float | None = None
+    total_gpu_hours: float = 0.0
+    recent_failures: list[RecentFailure] = []
+
+    @field_validator("total_gpu_hours", mode="before")
+    @classmethod
+    def _null_sum_is_zero(cls, value: Any) -> Any:
+        # A SQL SUM over no rows is NULL; for a total, zero is the honest reading.
+        return 0.0 if value is None else value
+
+
+class Timeline(_Model):
+    queued_at: datetime
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+
+
+class JobAnalytics(_Model):
+    """``GET /jobs/{id}/analytics``: timing and GPU cost of one job."""
+
+    id: str
+    display_name: str | None = None
+    kind: Kind
+    state: State
+    gpu_count: int
+    fireworks_job_name: str | None = None
+    timeline: Timeline
+    # None until the job has started.
+    queue_wait_seconds: float | None = None
+    # None until the job has finished.
+    run_duration_seconds: float | None = None
+    gpu_hours: float | None = None
+    error: str | None = None
