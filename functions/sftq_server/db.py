@@ -62,6 +62,8 @@ REVOKE_KEY = "SELECT sftq.revoke_key(%s)"
 LIST_USERS = "SELECT * FROM sftq.list_users()"
 SET_CAP = "SELECT sftq.set_cap(%s, %s)"
 USER_EXISTS = "SELECT EXISTS (SELECT 1 FROM sftq.users WHERE name = %s)"
+# Whether a key (by its SHA-256) still authenticates: the dev stack reuses a stored demo key.
+KEY_IS_ACTIVE = "SELECT sftq.authenticate(%s) IS NOT NULL"
 
 
 def connect_kwargs() -> dict[str, Any]:
