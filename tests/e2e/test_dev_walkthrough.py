@@ -1,4 +1,4 @@
-"""The walk-through in docs/dev.md, run verbatim against a live `sftq dev`."""
+"""The walk-throughs in README.md and docs/dev.md, run verbatim against a live `sftq dev`."""
 
 from __future__ import annotations
 
@@ -8,19 +8,21 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 from conftest import ROOT, DevStacks, clean_env, wait_until
 
-DOC = ROOT / "docs" / "dev.md"
+DOCS = [ROOT / "README.md", ROOT / "docs" / "dev.md"]
 BLOCK = re.compile(r"^```bash walkthrough\n(.*?)^```$", re.S | re.M)
 
 
-def walkthrough_blocks() -> list[str]:
-    blocks = BLOCK.findall(DOC.read_text(encoding="utf-8"))
-    assert len(blocks) >= 5, "docs/dev.md lost its walkthrough blocks"
+def walkthrough_blocks(doc: Path) -> list[str]:
+    blocks = BLOCK.findall(doc.read_text(encoding="utf-8"))
+    assert len(blocks) >= 5, f"{doc.name} lost its walkthrough blocks"
     return blocks
 
 
-def test_the_docs_walkthrough_works_verbatim(stacks: DevStacks, tmp_path: Path) -> None:
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_the_docs_walkthrough_works_verbatim(stacks: DevStacks, tmp_path: Path, doc: Path) -> None:
     # As the page says: `sftq dev` in a folder (defaults but for the ports, so the test can run
     # next to a real stack), then the blocks, pasted in order into one shell in that folder.
     work = tmp_path / "project"
@@ -35,7 +37,7 @@ def test_the_docs_walkthrough_works_verbatim(stacks: DevStacks, tmp_path: Path) 
         "the ticker's first tick",
     )
 
-    script = "set -euo pipefail\n" + "\n".join(walkthrough_blocks())
+    script = "set -euo pipefail\n" + "\n".join(walkthrough_blocks(doc))
     run = subprocess.run(
         ["bash", "-c", script],
         cwd=work,
