@@ -21,7 +21,7 @@ CREATE TABLE IF NOT EXISTS sftq_migrations.applied (
     name        text PRIMARY KEY,
     kind        text NOT NULL CHECK (kind IN ('versioned', 'repeatable')),
     checksum    text NOT NULL,
-    applied_at  timestamptz NOT NULL DEFAULT now()
+    applied_at  timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 COMMENT ON TABLE sftq_migrations.applied IS 'Files applied by sftq db migrate, with their SHA-256.';
 """
@@ -120,15 +120,18 @@ def migrate(database_url: str, root: Path | None = None, *, log: Any = None) -> 
                             + [f"{n} was applied but is missing" for n in missing])
                 + ". Applied migrations are never edited: add a new numbered file instead.")
         for f in files:
-            # Grants re-run whenever anything else ran: a re-created function comes back
-            # with the default privileges.
-            force = f.name.startswith("grants/") and bool(done)
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", MIGRATION_LOCK)
-                row = conn.execute("SELECT checksum FROM sftq_migrations.applied WHERE name = %s",
-                                   (f.name,)).fetchone()
+                row = conn.execute(
+                    "SELECT checksum, applied_at < (SELECT max(applied_at) FROM sftq_migrations.applied"
+                    "                               WHERE name NOT LIKE 'grants/%%')"
+                    "  FROM sftq_migrations.applied WHERE name = %s", (f.name,)).fetchone()
                 checksum = f.checksum
-                if row is not None and row[0] == checksum and not force:
+                # Grants re-run whenever anything else was applied after them: a re-created
+                # function comes back with the default privileges. Decided under the lock from
+                # the bookkeeping, so two migrators at once do it once between them.
+                stale_grants = f.name.startswith("grants/") and row is not None and bool(row[1])
+                if row is not None and row[0] == checksum and not stale_grants:
                     continue  # applied already (perhaps by a concurrent migrator)
                 if row is not None and f.kind == "versioned":
                     raise MigrationError(f"{f.name} was changed after it was applied")
@@ -138,7 +141,7 @@ def migrate(database_url: str, root: Path | None = None, *, log: Any = None) -> 
                     raise MigrationError(f"{f.name} failed: {exc}") from exc
                 conn.execute(
                     "INSERT INTO sftq_migrations.applied (name, kind, checksum) VALUES (%s, %s, %s) "
-                    "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()",
+                    "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = clock_timestamp()",
                     (f.name, f.kind, checksum))
             done.append(f.name)
             if log is not None:
