@@ -2,6 +2,32 @@
 -- and answers the response body as JSON text, so the web layer does not re-shape rows.
 -- SECURITY DEFINER so the API's login role needs EXECUTE on these and nothing else.
 
+-- Authentication for the read-only analytics entry points, which may run on a read replica
+-- (ANALYTICS_DATABASE_URL): there sftq._auth's last_used_at touch would fail with 25006, so in
+-- a read-only transaction the key is only looked up. On a primary it is plain sftq._auth.
+CREATE OR REPLACE FUNCTION sftq._auth_read(p_key_hash bytea)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_user bigint;
+BEGIN
+    IF current_setting('transaction_read_only')::boolean THEN
+        SELECT k.user_id INTO v_user
+          FROM sftq.api_keys k JOIN sftq.users u ON u.id = k.user_id
+         WHERE k.key_hash = p_key_hash AND k.revoked_at IS NULL AND u.disabled_at IS NULL;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'SQ401', MESSAGE = 'missing, unknown or revoked API key';
+        END IF;
+        RETURN v_user;
+    END IF;
+    RETURN sftq._auth(p_key_hash);
+END
+$$;
+COMMENT ON FUNCTION sftq._auth_read(bytea) IS
+    'sftq._auth that also works in a read-only transaction (a replica): there it only looks the key up and does not touch last_used_at. SQ401 when the key is unknown or revoked.';
+
 CREATE OR REPLACE FUNCTION sftq.api_enqueue(
     p_key_hash         bytea,
     p_kind             text,
@@ -52,13 +78,19 @@ BEGIN
         v_after_at := timestamptz 'epoch' + split_part(p_cursor, '_', 1)::bigint * interval '1 microsecond';
         v_after_id := split_part(p_cursor, '_', 2)::uuid;
     END IF;
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'limit must be between 1 and 1000';
+    END IF;
     SELECT array_agg(j ORDER BY j.created_at DESC, j.id DESC) INTO v_rows
-      FROM sftq.list_jobs(v_user, p_state, p_kind, p_limit + 1, v_after_at, v_after_id) j;
+      FROM sftq.list_jobs(v_user, p_state, p_kind, p_limit, v_after_at, v_after_id) j;
     v_n := COALESCE(array_length(v_rows, 1), 0);
-    IF v_n > p_limit THEN
-        next_cursor := (extract(epoch FROM v_rows[p_limit].created_at) * 1000000)::bigint::text
-                       || '_' || replace(v_rows[p_limit].id::text, '-', '');
-        v_rows := v_rows[1:p_limit];
+    -- A full page has a next one only if one more row follows its last: probe for it rather
+    -- than asking list_jobs for limit + 1 rows, which it refuses at the maximum limit (1000).
+    IF v_n = p_limit AND EXISTS (
+            SELECT 1 FROM sftq.list_jobs(v_user, p_state, p_kind, 1,
+                                         v_rows[v_n].created_at, v_rows[v_n].id)) THEN
+        next_cursor := (extract(epoch FROM v_rows[v_n].created_at) * 1000000)::bigint::text
+                       || '_' || replace(v_rows[v_n].id::text, '-', '');
     END IF;
     SELECT COALESCE(json_agg(sftq.job_json(r) ORDER BY r.created_at DESC, r.id DESC), '[]'::json)
       INTO body FROM unnest(v_rows) r;
@@ -112,7 +144,7 @@ RETURNS json
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT sftq.queue_context(sftq._auth(p_key_hash))
+    SELECT sftq.queue_context(sftq._auth_read(p_key_hash))
 $$;
 
 CREATE OR REPLACE FUNCTION sftq.api_summary(p_key_hash bytea)
@@ -120,7 +152,7 @@ RETURNS json
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT sftq.summary(sftq._auth(p_key_hash))
+    SELECT sftq.summary(sftq._auth_read(p_key_hash))
 $$;
 
 CREATE OR REPLACE FUNCTION sftq.api_job_analytics(p_key_hash bytea, p_job_id uuid)
@@ -128,7 +160,7 @@ RETURNS json
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT sftq.job_analytics(sftq._auth(p_key_hash), p_job_id)
+    SELECT sftq.job_analytics(sftq._auth_read(p_key_hash), p_job_id)
 $$;
 
 CREATE OR REPLACE FUNCTION sftq.api_health()

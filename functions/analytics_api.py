@@ -1,0 +1,37 @@
+"""functions-framework entry point of the read-only analytics function:
+
+    functions-framework --source functions/analytics_api.py --target analytics
+
+It reads ANALYTICS_DATABASE_URL (a read replica is fine) and falls back to DATABASE_URL.
+The handler is built on the first request, not at import.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sftq_server.web import Handler
+
+_handler: Handler | None = None
+_lock = threading.Lock()
+
+
+def _get_handler() -> Handler:
+    global _handler
+    if _handler is None:
+        with _lock:
+            if _handler is None:
+                from sftq_server.api import make_analytics_api
+                from sftq_server.settings import get_settings
+
+                _handler = make_analytics_api(get_settings())
+    return _handler
+
+
+def analytics(request: Any) -> Any:
+    """Serve one flask request (functions-framework hands us flask.Request)."""
+    from sftq_server.web import handle_flask
+
+    return handle_flask(_get_handler(), request)

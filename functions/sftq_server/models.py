@@ -1,0 +1,168 @@
+"""pydantic models of every request and response body of jobs-api and analytics.
+
+Only `SubmitRequest` runs on the hot path (POST /jobs validates the raw body with
+`model_validate_json`). Response bodies are built by the procedures as JSON text and passed
+through; the response models here document those shapes and the tests hold the procedures and
+docs/openapi.json to them (extra="forbid": a field added on one side only fails a test).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+Kind = Literal["SFT", "DPO", "RFT"]
+State = Literal["QUEUED", "PROGRESS", "SUCCESS", "FAIL", "CANCELLED"]
+
+KINDS: tuple[str, ...] = ("SFT", "DPO", "RFT")
+STATES: tuple[str, ...] = ("QUEUED", "PROGRESS", "SUCCESS", "FAIL", "CANCELLED")
+TERMINAL_STATES: tuple[str, ...] = ("SUCCESS", "FAIL", "CANCELLED")
+
+DEFAULT_GPU_COUNT = 4
+MAX_GPU_COUNT = 64
+MAX_DISPLAY_NAME = 256
+MAX_IDEMPOTENCY_KEY = 255
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class SubmitRequest(_Strict):
+    """POST /jobs. Unknown top-level fields are refused, so a typo (`gpus`) is an error rather
+    than a silently ignored setting. Strict types: `true` or `4.0` is not a gpu_count."""
+
+    kind: Kind
+    fireworks_payload: dict[str, Any]
+    display_name: StrictStr | None = Field(default=None, max_length=MAX_DISPLAY_NAME)
+    gpu_count: StrictInt = Field(default=DEFAULT_GPU_COUNT, ge=1, le=MAX_GPU_COUNT)
+
+
+SUBMIT_FIELDS: frozenset[str] = frozenset(SubmitRequest.model_fields)
+
+
+class _Body(BaseModel):
+    """Response shapes: strict about which keys exist, lenient about JSON number types."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SubmitResponse(_Body):
+    id: UUID
+    kind: Kind
+    state: State
+    created_at: str
+
+
+class Job(_Body):
+    id: UUID
+    kind: Kind
+    state: State
+    display_name: str | None
+    gpu_count: int
+    created_at: str
+    started_at: str | None
+    completed_at: str | None
+    error: str | None
+    fireworks_job_name: str | None
+
+
+class CancelAccepted(Job):
+    """DELETE /jobs/{id} answered 202: the job as it is (still PROGRESS) and what happens next."""
+
+    message: str
+
+
+class ProgressJob(_Body):
+    id: UUID
+    display_name: str | None
+    kind: Kind
+    gpu_count: int
+    started_at: str | None
+    fireworks_job_name: str | None
+
+
+class QueuedJob(_Body):
+    id: UUID
+    display_name: str | None
+    kind: Kind
+    gpu_count: int
+    created_at: str
+    queue_position: int
+
+
+class QueueContext(_Body):
+    your_progress_job: ProgressJob | None
+    your_queued_jobs: list[QueuedJob]
+    global_queue_depth: int
+    global_progress_count: int
+    global_gpu_in_use: int
+
+
+class ByState(_Body):
+    QUEUED: int
+    PROGRESS: int
+    SUCCESS: int
+    FAIL: int
+    CANCELLED: int
+
+
+class ByKind(_Body):
+    SFT: int
+    DPO: int
+    RFT: int
+
+
+class RecentFailure(_Body):
+    id: UUID
+    display_name: str | None
+    kind: Kind
+    gpu_count: int
+    error: str | None
+    failed_at: str | None
+
+
+class Summary(_Body):
+    total: int
+    by_state: ByState
+    by_kind: ByKind
+    success_rate: float | None
+    avg_run_duration_seconds: int | None
+    total_gpu_hours: float
+    recent_failures: list[RecentFailure]
+
+
+class Timeline(_Body):
+    queued_at: str
+    started_at: str | None
+    completed_at: str | None
+
+
+class JobAnalytics(_Body):
+    id: UUID
+    display_name: str | None
+    kind: Kind
+    state: State
+    gpu_count: int
+    fireworks_job_name: str | None
+    timeline: Timeline
+    queue_wait_seconds: int | None
+    run_duration_seconds: int | None
+    gpu_hours: float | None
+    error: str | None
+
+
+class Health(_Body):
+    status: Literal["ok"]
+    database: Literal["ok"]
+    last_tick: str | None
+
+
+class Error(_Body):
+    error: str
+    code: str
+    details: Any = None
