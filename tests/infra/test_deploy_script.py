@@ -1,0 +1,423 @@
+"""infra/deploy.sh: the exact commands it prints, that a dry run runs nothing, that a real
+run runs exactly what it prints (against stand-ins for gcloud, psql and sftq), that secrets
+never show, and that missing settings stop it before anything runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import psycopg
+import pytest
+from infra_support import (
+    ANALYST_DB_PASSWORD,
+    API_DB_PASSWORD,
+    FIREWORKS_KEY,
+    ROOT,
+    SECRETS,
+    SETTINGS,
+    TICK_SECRET,
+    Runner,
+    mask,
+    printed_commands,
+)
+
+DB = "'postgresql://postgres:***@db.abcdefgh.supabase.co:5432/postgres'"
+PSQL = f"psql {DB} -X -q -v ON_ERROR_STOP=1"
+SA = "sftq-runtime@sftq-prod.iam.gserviceaccount.com"
+API_URL = ("postgresql://sftq_api_login.abcdefgh:api%20p%40ss%3Aw%2Frd%230123456789"
+           "@aws-0-eu-west-1.pooler.supabase.com:6543/postgres")
+FUNCTIONS = {"jobs-api": ("jobs_api.py", "jobs_api"),
+             "analytics": ("analytics_api.py", "analytics"),
+             "scheduler-tick": ("scheduler_tick.py", "scheduler_tick")}
+
+
+def test_scripts_parse() -> None:
+    scripts = sorted((ROOT / "infra").glob("**/*.sh"))
+    assert scripts
+    for script in scripts:
+        proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert proc.returncode == 0, (script, proc.stderr)
+        assert "set -euo pipefail" in script.read_text()
+        if shutil.which("shellcheck"):  # a deeper lint where it is installed
+            proc = subprocess.run(["shellcheck", "-x", str(script)], capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stdout
+
+
+def test_usage_errors(deploy: Runner) -> None:
+    for args in ((), ("deploy-everything",), ("db", "--only")):
+        r = deploy(*args)
+        assert r.code == 2 and "usage: infra/deploy.sh" in r.stderr
+        assert r.stdout == "" and r.calls == []
+    r = deploy("--help")
+    assert r.code == 0 and "unschedule" in r.stdout
+
+
+# ---- db ---------------------------------------------------------------------------------
+
+def test_db_dry_run(deploy: Runner) -> None:
+    r = deploy("--dry-run", "db", env=SETTINGS | {"SFTQ_ANALYST_DB_PASSWORD": ANALYST_DB_PASSWORD})
+    assert r.code == 0, r.stderr
+    assert r.lines == [
+        f"env SFTQ_SQL_DIR=sql sftq db migrate --database-url {DB}",
+        f"{PSQL} -v login=sftq_api_login -v member_of=sftq_api -v 'password=***' "
+        "-v statement_timeout=30s -f infra/sql/login_role.sql",
+        f"{PSQL} -v login=sftq_analyst_login -v member_of=sftq_analyst -v 'password=***' "
+        "-v statement_timeout=5min -f infra/sql/login_role.sql",
+    ]
+    assert r.calls == []  # a dry run runs nothing
+
+
+def test_db_only_migrates_unless_login_roles_are_asked_for(deploy: Runner) -> None:
+    env = {"SUPABASE_DB_URL": SETTINGS["SUPABASE_DB_URL"]}
+    r = deploy("db", "-n", env=env)
+    assert r.code == 0, r.stderr
+    assert r.lines == [f"env SFTQ_SQL_DIR=sql sftq db migrate --database-url {DB}"]
+
+
+def test_db_refuses_the_transaction_pooler(deploy: Runner) -> None:
+    r = deploy("--dry-run", "db", env={"SUPABASE_DB_URL": SETTINGS["SUPABASE_POOLER_URL"]})
+    assert r.code == 1
+    assert "transaction pooler (port 6543)" in r.stderr and "5432" in r.stderr
+    assert r.stdout == ""
+
+
+def test_db_rejects_a_weak_login_password_and_a_non_url(deploy: Runner) -> None:
+    r = deploy("--dry-run", "db", env=SETTINGS | {"SFTQ_API_DB_PASSWORD": "short"})
+    assert r.code == 1 and "SFTQ_API_DB_PASSWORD is shorter than 16" in r.stderr
+    r = deploy("--dry-run", "db", env={"SUPABASE_DB_URL": "host=db.example port=5432"})
+    assert r.code == 1 and "SUPABASE_DB_URL must look like postgresql://" in r.stderr
+
+
+# ---- secrets ----------------------------------------------------------------------------
+
+def _secret_lines(short: str, value: str, sa: str | None = None) -> list[str]:
+    name = f"sftq-{short}"
+    lines = [
+        f"gcloud secrets describe {name} --project=sftq-prod --quiet >/dev/null 2>&1 || "
+        f"gcloud secrets create {name} --project=sftq-prod --replication-policy=automatic --quiet",
+        f"printf %s {value} | gcloud secrets versions add {name} --project=sftq-prod "
+        "--data-file=- --quiet",
+    ]
+    if sa:
+        lines.append(f"gcloud secrets add-iam-policy-binding {name} --project=sftq-prod "
+                     f"--member=serviceAccount:{sa} --role=roles/secretmanager.secretAccessor "
+                     "--quiet")
+    return lines
+
+
+def test_secrets_dry_run(deploy: Runner) -> None:
+    r = deploy("--dry-run", "secrets", env=SETTINGS | {"GCP_SERVICE_ACCOUNT": SA})
+    assert r.code == 0, r.stderr
+    api = "'postgresql://sftq_api_login.abcdefgh:***@aws-0-eu-west-1.pooler.supabase.com:6543/postgres'"
+    assert r.lines == [
+        *_secret_lines("database-url",
+                       "'postgresql://postgres.abcdefgh:***@aws-0-eu-west-1.pooler.supabase.com:6543/postgres'",
+                       SA),
+        *_secret_lines("api-database-url", api, SA),
+        *_secret_lines("analytics-database-url", api, SA),
+        *_secret_lines("fireworks-api-key", "'***'", SA),
+        *_secret_lines("tick-secret", "'***'", SA),
+    ]
+    assert r.calls == []
+
+
+def test_analytics_may_use_its_own_database_url(deploy: Runner) -> None:
+    replica = "postgresql://sftq_api_login.abcdefgh:replica-pass-123456@replica.example:6543/postgres"
+    r = deploy("--dry-run", "secrets", "--only", "analytics-database-url",
+               env=SETTINGS | {"ANALYTICS_DATABASE_URL": replica})
+    assert r.code == 0, r.stderr
+    assert r.lines == _secret_lines(
+        "analytics-database-url", "'postgresql://sftq_api_login.abcdefgh:***@replica.example:6543/postgres'")
+
+
+def test_secrets_only_one_needs_only_its_settings(deploy: Runner) -> None:
+    env = {"GCP_PROJECT": "sftq-prod", "SFTQ_TICK_SECRET": TICK_SECRET}
+    r = deploy("--dry-run", "secrets", "--only=tick-secret", env=env)
+    assert r.code == 0, r.stderr
+    assert r.lines == _secret_lines("tick-secret", "'***'")
+    r = deploy("--dry-run", "secrets", "--only", "tick-secret,fireworks-api-key", env=env)
+    assert r.code == 1 and "FIREWORKS_API_KEY" in r.stderr and "SFTQ_TICK_SECRET" not in r.stderr
+    r = deploy("--dry-run", "secrets", "--only", "tick-secrets", env=env)
+    assert r.code == 1 and "unknown secrets name 'tick-secrets'" in r.stderr
+    r = deploy("--dry-run", "secrets", "db", "--only", "tick-secret", env=env)
+    assert r.code == 1 and "--only goes with a single secrets or functions step" in r.stderr
+
+
+def test_api_database_url_is_never_the_owner(deploy: Runner) -> None:
+    env = {k: v for k, v in SETTINGS.items() if k != "SFTQ_API_DB_PASSWORD"}
+    r = deploy("--dry-run", "secrets", env=env)
+    assert r.code == 1
+    assert "SFTQ_API_DB_PASSWORD" in r.stderr and "never connect as the owner" in r.stderr
+    explicit = "postgresql://someone.abcdefgh:explicit-pass-123456@pooler.example:6543/postgres"
+    r = deploy("--dry-run", "secrets", "--only", "api-database-url",
+               env=env | {"SFTQ_API_DATABASE_URL": explicit})
+    assert r.code == 0, r.stderr
+    assert r.lines == _secret_lines("api-database-url",
+                                    "'postgresql://someone.abcdefgh:***@pooler.example:6543/postgres'")
+
+
+# ---- functions --------------------------------------------------------------------------
+
+def _deploy_line(name: str, build: Path, env_vars: str, secrets: str, timeout: str = "60s") -> str:
+    entry = FUNCTIONS[name][1]
+    return (f"gcloud functions deploy {name} --project=sftq-prod --region=europe-west1 --gen2 "
+            f"--runtime=python311 --source={build}/{name} --entry-point={entry} --trigger-http "
+            f"--allow-unauthenticated --timeout={timeout} {env_vars} --set-secrets={secrets} "
+            "--quiet")
+
+
+def _fake_functions_dir(tmp_path: Path) -> Path:
+    """Stub entry files beside the real sftq_server: the folder layout the script expects."""
+    d = tmp_path / "functions-src"
+    d.mkdir()
+    subprocess.run(["cp", "-R", str(ROOT / "functions" / "sftq_server"), str(d)], check=True)
+    (d / "sftq_server" / "__pycache__").mkdir(exist_ok=True)
+    (d / "sftq_server" / "__pycache__" / "junk.cpython-311.pyc").write_bytes(b"junk")
+    for file, entry in FUNCTIONS.values():
+        (d / file).write_text(f"def {entry}(request):\n    return {entry!r}\n")
+    return d
+
+
+def test_functions_dry_run(deploy: Runner, tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    env = SETTINGS | {"SFTQ_BUILD_DIR": str(build),
+                      "SFTQ_FUNCTIONS_DIR": str(_fake_functions_dir(tmp_path)),
+                      "SFTQ_DB_POOL_MAX": "2", "FIREWORKS_QUOTA_ID": "training-h100-count"}
+    r = deploy("--dry-run", "functions", env=env)
+    assert r.code == 0, r.stderr
+    assert r.lines == [
+        _deploy_line("jobs-api", build,
+                     "--set-env-vars=FIREWORKS_ACCOUNT_ID=acme,SFTQ_DB_POOL_MAX=2",
+                     "DATABASE_URL=sftq-api-database-url:latest,"
+                     "FIREWORKS_API_KEY=sftq-fireworks-api-key:latest"),
+        _deploy_line("analytics", build, "--set-env-vars=SFTQ_DB_POOL_MAX=2",
+                     "DATABASE_URL=sftq-analytics-database-url:latest"),
+        _deploy_line("scheduler-tick", build,
+                     "--set-env-vars=FIREWORKS_ACCOUNT_ID=acme,FIREWORKS_QUOTA_ID=training-h100-count,"
+                     "SFTQ_DB_POOL_MAX=2",
+                     "DATABASE_URL=sftq-database-url:latest,"
+                     "FIREWORKS_API_KEY=sftq-fireworks-api-key:latest,"
+                     "SFTQ_TICK_SECRET=sftq-tick-secret:latest", timeout="110s"),
+    ]
+    assert r.calls == []
+
+    packages = ("functions-framework", "psycopg[binary]", "psycopg-pool", "pydantic", "httpx",
+                "werkzeug")
+    pins = {f"{p}=={metadata.version(p.split('[')[0])}" for p in packages}
+    for name, (file, entry) in FUNCTIONS.items():
+        staged = build / name
+        files = {str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()}
+        assert {"main.py", "requirements.txt", f"functions/{file}",
+                "functions/sftq_server/__init__.py", "functions/sftq_server/db.py"} <= files
+        assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
+        assert not any(f.startswith("sql/") or f.endswith(".sql") for f in files)
+        others = {f"functions/{f}" for f, _ in FUNCTIONS.values()} - {f"functions/{file}"}
+        assert not files & others, "each function ships only its own entry file"
+        requirements = (staged / "requirements.txt").read_text().splitlines()
+        assert {line for line in requirements if not line.startswith("#")} == pins
+        main = (staged / "main.py").read_text()
+        assert f"from {file[:-3]} import {entry}" in main
+        # main.py finds the entry point with nothing but the staged folder on the path.
+        code = f"import sys; sys.path.insert(0, ''); import main; print(main.{entry}(None))"
+        proc = subprocess.run([sys.executable, "-I", "-c", code], cwd=staged, capture_output=True,
+                              text=True)
+        assert proc.stdout.strip() == entry, proc.stderr
+
+
+def test_functions_env_vars_must_not_carry_commas(deploy: Runner, tmp_path: Path) -> None:
+    env = SETTINGS | {"SFTQ_BUILD_DIR": str(tmp_path / "b"),
+                      "SFTQ_FUNCTIONS_DIR": str(_fake_functions_dir(tmp_path)),
+                      "FIREWORKS_BASE_URL": "https://a.example,https://b.example"}
+    r = deploy("--dry-run", "functions", "--only", "jobs-api", env=env)
+    assert r.code == 1 and "FIREWORKS_BASE_URL contains a comma" in r.stderr
+
+
+def test_functions_get_every_setting_the_code_reads(deploy: Runner, tmp_path: Path) -> None:
+    """Each variable the runtime code reads reaches some function, as a plain env var or a
+    secret. A setting added to the code but not to deploy.sh fails here."""
+    runtime = [ROOT / "functions" / f for f, _ in FUNCTIONS.values()]
+    runtime += [ROOT / "functions" / "sftq_server" / f
+                for f in ("settings.py", "provider.py", "api.py", "tick_http.py", "web.py", "db.py",
+                          "scheduler.py")]
+    read: set[str] = set()
+    for path in runtime:
+        if path.exists():
+            read |= set(re.findall(r'"((?:SFTQ|FIREWORKS)_[A-Z0-9_]+|(?:ANALYTICS_)?DATABASE_URL)"',
+                                   path.read_text()))
+    assert {"DATABASE_URL", "SFTQ_TICK_SECRET", "FIREWORKS_API_KEY", "SFTQ_DB_POOL_MAX"} <= read
+
+    passthrough = {n: "1" for n in read if n not in SETTINGS and "DATABASE_URL" not in n}
+    env = SETTINGS | passthrough | {"SFTQ_BUILD_DIR": str(tmp_path / "b"),
+                                    "SFTQ_FUNCTIONS_DIR": str(_fake_functions_dir(tmp_path))}
+    r = deploy("--dry-run", "functions", env=env)
+    assert r.code == 0, r.stderr
+    delivered: set[str] = set()
+    for line in r.lines:
+        for flag in ("--set-env-vars=", "--set-secrets="):
+            value = next(w for w in line.split() if w.startswith(flag))[len(flag):]
+            delivered |= {pair.split("=", 1)[0] for pair in value.split(",")}
+    # ANALYTICS_DATABASE_URL is the analytics function's own name for its DATABASE_URL.
+    assert read - delivered <= {"ANALYTICS_DATABASE_URL"}, read - delivered
+
+
+def test_staged_functions_serve_from_the_staged_folder_alone(
+        deploy: Runner, tmp_path: Path, db_url: str) -> None:
+    """The real functions, staged: each loads under functions-framework from its folder alone
+    (not from the checkout) and answers; jobs-api and analytics reach a migrated database."""
+    missing = [f for f, _ in FUNCTIONS.values() if not (ROOT / "functions" / f).exists()]
+    assert not missing, missing
+    build = tmp_path / "build"
+    r = deploy("--dry-run", "functions", env=SETTINGS | {"SFTQ_BUILD_DIR": str(build)})
+    assert r.code == 0, r.stderr
+    probe = """
+import json, sys
+import functions_framework
+client = functions_framework.create_app(target=sys.argv[1], source="main.py").test_client()
+method, path = sys.argv[2], sys.argv[3]
+resp = client.open(path, method=method, headers={"Authorization": "Bearer wrong"})
+print(json.dumps({"status": resp.status_code, "package": sys.modules["sftq_server"].__file__}))
+"""
+    cases = [("jobs-api", "GET", "/health", 200), ("analytics", "GET", "/health", 200),
+             ("scheduler-tick", "POST", "/", 401)]
+    if (ROOT / "docs" / "openapi.json").exists():
+        cases.append(("jobs-api", "GET", "/openapi.json", 200))
+    env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": db_url, "SFTQ_TICK_SECRET": TICK_SECRET,
+           "FIREWORKS_API_KEY": FIREWORKS_KEY, "FIREWORKS_ACCOUNT_ID": "acme",
+           "FIREWORKS_BASE_URL": "http://127.0.0.1:9"}
+    for name, method, path, status in cases:
+        staged = build / name
+        proc = subprocess.run([sys.executable, "-I", "-c", probe, FUNCTIONS[name][1], method, path],
+                              cwd=staged, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert out["status"] == status, (name, path, out, proc.stderr[-2000:])
+        assert Path(out["package"]).resolve().is_relative_to(staged.resolve()), out
+
+
+# ---- cron -------------------------------------------------------------------------------
+
+def test_cron_dry_run(deploy: Runner) -> None:
+    r = deploy("--dry-run", "cron", env=SETTINGS)
+    assert r.code == 0, r.stderr
+    assert r.lines == [
+        f"{PSQL} -v tick_url=https://europe-west1-sftq-prod.cloudfunctions.net/scheduler-tick "
+        "-v 'tick_secret=***' -f cron/schedule_tick.sql"]
+    env = {"SUPABASE_DB_URL": SETTINGS["SUPABASE_DB_URL"], "SFTQ_TICK_SECRET": TICK_SECRET,
+           "SFTQ_TICK_URL": "https://tick.example.com/functions/v1/scheduler-tick"}
+    r = deploy("--dry-run", "cron", env=env)
+    assert r.code == 0, r.stderr
+    assert r.lines == [f"{PSQL} -v tick_url=https://tick.example.com/functions/v1/scheduler-tick "
+                       "-v 'tick_secret=***' -f cron/schedule_tick.sql"]
+    r = deploy("--dry-run", "unschedule", env=env)
+    assert r.lines == [f"{PSQL} -f cron/unschedule_tick.sql"]
+    assert r.calls == []
+    # cron/_tick_secrets.sql refuses a short secret; the script says so before anything runs.
+    for step in ("cron", "secrets"):
+        r = deploy("--dry-run", step, env=SETTINGS | {"SFTQ_TICK_SECRET": "too-short"})
+        assert r.code == 1 and "SFTQ_TICK_SECRET is shorter than 16" in r.stderr
+        assert r.stdout == ""
+
+
+# ---- missing settings -------------------------------------------------------------------
+
+@pytest.mark.parametrize(("step", "required"), [
+    ("db", ["SUPABASE_DB_URL"]),
+    ("secrets", ["GCP_PROJECT", "SUPABASE_POOLER_URL", "SFTQ_API_DB_PASSWORD", "FIREWORKS_API_KEY",
+                 "SFTQ_TICK_SECRET"]),
+    ("functions", ["GCP_PROJECT", "GCP_REGION", "FIREWORKS_ACCOUNT_ID"]),
+    ("cron", ["SUPABASE_DB_URL", "SFTQ_TICK_SECRET", "GCP_PROJECT", "GCP_REGION"]),
+    ("unschedule", ["SUPABASE_DB_URL"]),
+])
+@pytest.mark.parametrize("dry", [True, False])
+def test_missing_settings_are_named_and_nothing_runs(deploy: Runner, step: str, required: list[str],
+                                                     dry: bool) -> None:
+    r = deploy(*(["--dry-run"] if dry else []), step)
+    assert r.code == 1
+    assert f"error: missing settings for {step}:" in r.stderr
+    for name in required:
+        assert f"  {name}: " in r.stderr, (name, r.stderr)
+    assert r.stdout == "" and r.calls == []
+
+
+def test_all_checks_every_step_before_running_any(deploy: Runner) -> None:
+    env = {k: v for k, v in SETTINGS.items() if k != "GCP_REGION"}
+    r = deploy("all", env=env)
+    assert r.code == 1 and "GCP_REGION" in r.stderr
+    assert r.stdout == "" and r.calls == [], "something ran although the run could not finish"
+
+
+# ---- real runs (against the stand-ins) ----------------------------------------------------
+
+def test_a_real_run_runs_exactly_what_it_prints(deploy: Runner, tmp_path: Path) -> None:
+    steps = ["db", "secrets", "functions"]
+    if (ROOT / "cron" / "schedule_tick.sql").exists():
+        steps.append("cron")
+    env = SETTINGS | {"SFTQ_ANALYST_DB_PASSWORD": ANALYST_DB_PASSWORD, "GCP_SERVICE_ACCOUNT": SA,
+                      "SFTQ_BUILD_DIR": str(tmp_path / "build"),
+                      "SFTQ_FUNCTIONS_DIR": str(_fake_functions_dir(tmp_path))}
+    r = deploy(*steps, env=env, missing_secrets="sftq-tick-secret,sftq-api-database-url")
+    assert r.code == 0, r.stderr
+
+    expected: list[tuple[list[str], str | None]] = []
+    for line in r.lines:
+        commands = printed_commands(line)
+        if len(commands) == 2:  # describe || create: create only for the missing secrets
+            describe, create = commands
+            expected.append(describe)
+            if describe[0][3] in ("sftq-tick-secret", "sftq-api-database-url"):
+                expected.append(create)
+        else:
+            expected += commands
+    ran = [(c["argv"], c["stdin"]) for c in r.calls]
+    assert len(ran) == len(expected)
+    for (argv, stdin), (cmd, shown_stdin) in zip(ran, expected, strict=True):
+        if cmd[0] == "env":  # env runs sftq with SFTQ_SQL_DIR set; the stand-in sees it
+            assert cmd[1] == "SFTQ_SQL_DIR=sql"
+            cmd = cmd[2:]
+        assert [mask(w) for w in argv] == cmd
+        assert mask(stdin) == (shown_stdin or "")
+    assert all(c["SFTQ_SQL_DIR"] == "sql" for c in r.calls if c["argv"][0] == "sftq")
+
+    # What reached the tools unmasked: the real secrets, the derived API URL intact.
+    stdin_of = {c["argv"][4]: c["stdin"] for c in r.calls
+                if c["argv"][1:4] == ["secrets", "versions", "add"]}
+    assert stdin_of["sftq-api-database-url"] == API_URL == stdin_of["sftq-analytics-database-url"]
+    parsed = psycopg.conninfo.conninfo_to_dict(API_URL)
+    assert parsed["user"] == "sftq_api_login.abcdefgh" and parsed["password"] == API_DB_PASSWORD
+    assert stdin_of["sftq-database-url"] == SETTINGS["SUPABASE_POOLER_URL"]
+    assert stdin_of["sftq-fireworks-api-key"] == FIREWORKS_KEY
+    assert stdin_of["sftq-tick-secret"] == TICK_SECRET
+    psql_vars = [c["argv"] for c in r.calls if c["argv"][0] == "psql"]
+    assert f"password={API_DB_PASSWORD}" in psql_vars[0]
+    assert f"password={ANALYST_DB_PASSWORD}" in psql_vars[1]
+    # No secret reaches a command line except where psql needs it as a variable.
+    for c in r.calls:
+        if c["argv"][0] == "gcloud":
+            assert mask(" ".join(c["argv"])) == " ".join(c["argv"])
+
+
+def test_secrets_never_show(deploy: Runner, tmp_path: Path) -> None:
+    env = SETTINGS | {"SFTQ_ANALYST_DB_PASSWORD": ANALYST_DB_PASSWORD,
+                      "SFTQ_BUILD_DIR": str(tmp_path / "build"),
+                      "SFTQ_FUNCTIONS_DIR": str(_fake_functions_dir(tmp_path))}
+    r = deploy("--dry-run", "all", env=env)
+    assert r.code == 0, r.stderr
+    text = r.stdout + r.stderr
+    for secret in SECRETS:
+        assert secret not in text
+    assert "***" in r.stdout
+
+
+def test_relative_paths_are_taken_from_where_it_was_run(deploy: Runner, tmp_path: Path) -> None:
+    _fake_functions_dir(tmp_path)  # tmp_path is the working directory of every run
+    env = SETTINGS | {"SFTQ_BUILD_DIR": "rel-build", "SFTQ_FUNCTIONS_DIR": "functions-src"}
+    r = deploy("--dry-run", "functions", "--only", "analytics", env=env)
+    assert r.code == 0, r.stderr
+    assert f"--source={tmp_path}/rel-build/analytics " in r.stdout
+    assert (tmp_path / "rel-build" / "analytics" / "functions" / "analytics_api.py").exists()
