@@ -54,3 +54,21 @@ def test_api_role_can_only_execute_the_api_entry_points(q: Q) -> None:
             q.conn.execute("SELECT * FROM sftq.admit(100)")
     finally:
         q.conn.execute("RESET ROLE")
+
+
+def test_scheduler_role_runs_a_whole_cycle_but_cannot_read_keys(q: Q) -> None:
+    a = q.user("a")
+    q.all("SELECT * FROM sftq.issue_key('a')")
+    job = q.enqueue(a)
+    q.conn.execute("SET ROLE sftq_scheduler")
+    try:
+        tick = q.one("SELECT sftq.tick_begin('t')")
+        assert q.one("SELECT sftq.admit_for_quota(16, 0)")["jobs"][0]["job_id"] == str(job)
+        q.all("SELECT * FROM sftq.scheduler_work()")
+        assert q.one("SELECT sftq.record_submitted(%s, 'accounts/x/dpoJobs/y', 'JOB_STATE_RUNNING')", job) == "ok"
+        assert q.one("SELECT sftq.record_provider_state(%s, 'JOB_STATE_COMPLETED', NULL)", job) == "SUCCESS"
+        q.one("SELECT sftq.tick_finish(%s, '{}'::jsonb)::text", tick)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            q.conn.execute("SELECT key_hash FROM sftq.api_keys")
+    finally:
+        q.conn.execute("RESET ROLE")
