@@ -4,7 +4,7 @@
 --
 -- Run by `infra/deploy.sh db` with psql variables:
 --   login              the login role, e.g. sftq_api_login
---   member_of          sftq_api | sftq_analyst
+--   member_of          sftq_api | sftq_analyst | sftq_scheduler
 --   password           its password (stored by the server as a SCRAM verifier)
 --   statement_timeout  a per-role ceiling on any one statement, e.g. 30s
 -- Safe to run again: an existing role gets the new password and settings.
