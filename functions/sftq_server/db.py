@@ -45,7 +45,7 @@ TICK_FINISH = "SELECT sftq.tick_finish(%s, %s::jsonb)"
 # Every PROGRESS job with what the tick needs to submit, reconcile or finish a cancel.
 SCHEDULER_WORK = "SELECT * FROM sftq.scheduler_work()"
 # Compute the budget from the quota and admit, under the exclusive admission gate.
-ADMIT_FOR_QUOTA = "SELECT sftq.admit_for_quota(%s, %s, make_interval(secs => %s))"
+ADMIT_FOR_QUOTA = "SELECT sftq.admit_for_quota(%s::int, %s::numeric, make_interval(secs => %s))"
 # The provider accepted (or already had) the job; answers 'stop' if a cancel came meanwhile.
 RECORD_SUBMITTED = "SELECT sftq.record_submitted(%s, %s, %s, %s)"
 # A create failed: transient (retry next tick) or rejected (FAIL with the body verbatim).
