@@ -33,12 +33,18 @@ def _has_pg_cron(bindir: Path) -> bool:
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[LocalCluster]:
     bindir = find_bindir()
-    settings = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
-                "max_connections": "300", "shared_buffers": "128MB"}
+    settings = {
+        "fsync": "off",
+        "synchronous_commit": "off",
+        "full_page_writes": "off",
+        "max_connections": "300",
+        "shared_buffers": "128MB",
+    }
     if _has_pg_cron(bindir):
         settings |= {"shared_preload_libraries": "pg_cron", "cron.database_name": "'sftq_cron'"}
-    cluster = LocalCluster(tempfile.mkdtemp(prefix="sftq-test-pg-", dir="/tmp"), bindir=bindir,
-                           settings=settings)
+    cluster = LocalCluster(
+        tempfile.mkdtemp(prefix="sftq-test-pg-", dir="/tmp"), bindir=bindir, settings=settings
+    )
     cluster.start()
     try:
         yield cluster
@@ -48,7 +54,9 @@ def pg_cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="session")
 def template_db(pg_cluster: LocalCluster) -> str:
-    janitor = DatabaseJanitor(user="postgres", host="127.0.0.1", port=pg_cluster.port, dbname=TEMPLATE)
+    janitor = DatabaseJanitor(
+        user="postgres", host="127.0.0.1", port=pg_cluster.port, dbname=TEMPLATE
+    )
     janitor.init()
     migrate.migrate(pg_cluster.url_for(TEMPLATE))
     return TEMPLATE
@@ -58,8 +66,13 @@ def template_db(pg_cluster: LocalCluster) -> str:
 def db_url(pg_cluster: LocalCluster, template_db: str) -> Iterator[str]:
     """A fresh database cloned from the migrated template."""
     name = f"t{os.getpid()}_{next(_counter)}"
-    janitor = DatabaseJanitor(user="postgres", host="127.0.0.1", port=pg_cluster.port, dbname=name,
-                              template_dbname=template_db)
+    janitor = DatabaseJanitor(
+        user="postgres",
+        host="127.0.0.1",
+        port=pg_cluster.port,
+        dbname=name,
+        template_dbname=template_db,
+    )
     janitor.init()
     try:
         yield pg_cluster.url_for(name)

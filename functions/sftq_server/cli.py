@@ -13,9 +13,9 @@ import os
 
 # Modules that contribute subcommands; a module that is not there yet is skipped.
 COMMAND_MODULES = (
-    "sftq_server.cli_db",         # db migrate | status
+    "sftq_server.cli_db",  # db migrate | status
     "sftq_server.cli_scheduler",  # tick, ticker, simulator
-    "sftq_server.cli_dev",        # dev, serve, admin ...
+    "sftq_server.cli_dev",  # dev, serve, admin ...
 )
 
 
@@ -27,7 +27,9 @@ def database_url(args: argparse.Namespace) -> str:
     if not url:
         url = read_env_file(getattr(args, "data_dir", None) or ".sftq").get("DATABASE_URL")
     if not url:
-        raise SystemExit("error: no database: pass --database-url, set DATABASE_URL, or start `sftq dev`")
+        raise SystemExit(
+            "error: no database: pass --database-url, set DATABASE_URL, or start `sftq dev`"
+        )
     return url
 
 

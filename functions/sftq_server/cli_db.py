@@ -36,9 +36,15 @@ def _cmd_db(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     db = sub.add_parser("db", help="database migrations")
     db_sub = db.add_subparsers(dest="db_cmd", required=True)
-    for name, help_ in (("migrate", "apply pending migrations"),
-                        ("status", "list applied and pending files")):
+    for name, help_ in (
+        ("migrate", "apply pending migrations"),
+        ("status", "list applied and pending files"),
+    ):
         p = db_sub.add_parser(name, help=help_)
-        p.add_argument("--database-url", help="PostgreSQL URL (default: $DATABASE_URL, else .sftq/env)")
-        p.add_argument("--data-dir", default=".sftq", help="dev stack folder whose env file to read")
+        p.add_argument(
+            "--database-url", help="PostgreSQL URL (default: $DATABASE_URL, else .sftq/env)"
+        )
+        p.add_argument(
+            "--data-dir", default=".sftq", help="dev stack folder whose env file to read"
+        )
     db.set_defaults(func=_cmd_db)

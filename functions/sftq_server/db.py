@@ -19,13 +19,17 @@ from .errors import SftqError, Unavailable, from_db_error
 
 # --- jobs-api: one call per request -------------------------------------------------
 # Authenticate + enqueue; the 201 body, whether it replayed an idempotency key, the id.
-API_ENQUEUE = "SELECT body::text, replayed, job_id FROM sftq.api_enqueue(%s, %s, %s::jsonb, %s, %s, %s)"
+API_ENQUEUE = (
+    "SELECT body::text, replayed, job_id FROM sftq.api_enqueue(%s, %s, %s::jsonb, %s, %s, %s)"
+)
 # Authenticate + one keyset page of the caller's jobs and the next cursor.
 API_LIST_JOBS = "SELECT body::text, next_cursor FROM sftq.api_list_jobs(%s, %s, %s, %s, %s)"
 # Authenticate + one job of the caller's.
 API_GET_JOB = "SELECT sftq.api_get_job(%s, %s)::text"
 # Authenticate + cancel: the job as it now is, and which provider call (if any) finishes it.
-API_CANCEL_JOB = "SELECT body::text, action, kind, fireworks_job_name FROM sftq.api_cancel_job(%s, %s)"
+API_CANCEL_JOB = (
+    "SELECT body::text, action, kind, fireworks_job_name FROM sftq.api_cancel_job(%s, %s)"
+)
 # Authenticate + finish a PROGRESS cancel once the provider confirmed the stop.
 API_COMPLETE_CANCEL = "SELECT sftq.api_complete_cancel(%s, %s)::text"
 # Authenticate + the three analytics bodies.
@@ -70,8 +74,14 @@ def connect_kwargs() -> dict[str, Any]:
     """Connection options that work behind a transaction-mode pooler. TCP keepalives make a
     database that vanished without closing the connection show up as an error in seconds
     instead of a request that hangs."""
-    return {"autocommit": True, "prepare_threshold": None, "keepalives": 1, "keepalives_idle": 5,
-            "keepalives_interval": 2, "keepalives_count": 3}
+    return {
+        "autocommit": True,
+        "prepare_threshold": None,
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 3,
+    }
 
 
 class Database:
@@ -90,8 +100,13 @@ class Database:
                 if self._pool is None:
                     kwargs = connect_kwargs() | {"connect_timeout": max(1, int(self.timeout))}
                     pool = ConnectionPool(
-                        self.url, min_size=1, max_size=self._max_size, kwargs=kwargs,
-                        timeout=self.timeout, open=False, name="sftq",
+                        self.url,
+                        min_size=1,
+                        max_size=self._max_size,
+                        kwargs=kwargs,
+                        timeout=self.timeout,
+                        open=False,
+                        name="sftq",
                         # Keep retrying a dead database so the function recovers by itself.
                         reconnect_timeout=3600.0,
                     )
@@ -105,8 +120,10 @@ class Database:
             with self._get_pool().connection() as conn:
                 yield conn
         except PoolTimeout as exc:
-            raise Unavailable("the database is not reachable right now; retry shortly",
-                              headers={"Retry-After": "5"}) from exc
+            raise Unavailable(
+                "the database is not reachable right now; retry shortly",
+                headers={"Retry-After": "5"},
+            ) from exc
         except psycopg.Error as exc:
             raise translate(exc) from exc
 
@@ -134,8 +151,9 @@ def translate(exc: psycopg.Error) -> SftqError:
     if typed is not None:
         return typed
     if isinstance(exc, psycopg.OperationalError):
-        return Unavailable("the database is not reachable right now; retry shortly",
-                           headers={"Retry-After": "5"})
+        return Unavailable(
+            "the database is not reachable right now; retry shortly", headers={"Retry-After": "5"}
+        )
     return SftqError("internal database error")
 
 

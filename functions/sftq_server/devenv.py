@@ -13,7 +13,7 @@ def read_env_file(data_dir: str | Path) -> dict[str, str]:
     for line in path.read_text(encoding="utf-8").splitlines():
         line = line.strip()
         if line.startswith("export "):
-            line = line[len("export "):]
+            line = line[len("export ") :]
         if "=" in line and not line.startswith("#"):
             key, _, value = line.partition("=")
             values[key.strip()] = value.strip().strip("'\"")

@@ -13,8 +13,14 @@ class SftqError(Exception):
     status = 500
     code = "internal"
 
-    def __init__(self, message: str, *, code: str | None = None, detail: Any = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        detail: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:

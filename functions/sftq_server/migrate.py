@@ -67,10 +67,14 @@ def plan(root: Path | None = None) -> list[SqlFile]:
     root = root or sql_dir()
     if not (root / "migrations").is_dir():
         raise MigrationError(f"no migrations folder under {root}; set SFTQ_SQL_DIR")
-    files = [SqlFile(f"migrations/{p.name}", "versioned", p)
-             for p in sorted((root / "migrations").glob("*.sql"))]
+    files = [
+        SqlFile(f"migrations/{p.name}", "versioned", p)
+        for p in sorted((root / "migrations").glob("*.sql"))
+    ]
     for sub in REPEATABLE_DIRS:
-        files += [SqlFile(f"{sub}/{p.name}", "repeatable", p) for p in sorted((root / sub).glob("*.sql"))]
+        files += [
+            SqlFile(f"{sub}/{p.name}", "repeatable", p) for p in sorted((root / sub).glob("*.sql"))
+        ]
     return files
 
 
@@ -78,7 +82,9 @@ def _applied(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, str]]:
     exists = conn.execute("SELECT to_regclass('sftq_migrations.applied') IS NOT NULL").fetchone()
     if not exists or not exists[0]:
         return {}
-    rows = conn.execute("SELECT name, checksum, applied_at::text FROM sftq_migrations.applied").fetchall()
+    rows = conn.execute(
+        "SELECT name, checksum, applied_at::text FROM sftq_migrations.applied"
+    ).fetchall()
     return {r[0]: (r[1], r[2]) for r in rows}
 
 
@@ -109,23 +115,31 @@ def migrate(database_url: str, root: Path | None = None, *, log: Any = None) -> 
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", MIGRATION_LOCK)
             conn.execute(_BOOKKEEPING)
         applied = _applied(conn)
-        tampered = [f.name for f in files
-                    if f.kind == "versioned" and f.name in applied and applied[f.name][0] != f.checksum]
+        tampered = [
+            f.name
+            for f in files
+            if f.kind == "versioned" and f.name in applied and applied[f.name][0] != f.checksum
+        ]
         names = {f.name for f in files}
         missing = [n for n in applied if n.startswith("migrations/") and n not in names]
         if tampered or missing:
             raise MigrationError(
                 "refusing to migrate: "
-                + "; ".join([f"{n} was changed after it was applied" for n in tampered]
-                            + [f"{n} was applied but is missing" for n in missing])
-                + ". Applied migrations are never edited: add a new numbered file instead.")
+                + "; ".join(
+                    [f"{n} was changed after it was applied" for n in tampered]
+                    + [f"{n} was applied but is missing" for n in missing]
+                )
+                + ". Applied migrations are never edited: add a new numbered file instead."
+            )
         for f in files:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", MIGRATION_LOCK)
                 row = conn.execute(
-                    "SELECT checksum, applied_at < (SELECT max(applied_at) FROM sftq_migrations.applied"
-                    "                               WHERE name NOT LIKE 'grants/%%')"
-                    "  FROM sftq_migrations.applied WHERE name = %s", (f.name,)).fetchone()
+                    "SELECT checksum, applied_at < (SELECT max(applied_at)"
+                    "  FROM sftq_migrations.applied WHERE name NOT LIKE 'grants/%%')"
+                    "  FROM sftq_migrations.applied WHERE name = %s",
+                    (f.name,),
+                ).fetchone()
                 checksum = f.checksum
                 # Grants re-run whenever anything else was applied after them: a re-created
                 # function comes back with the default privileges. Decided under the lock from
@@ -140,9 +154,11 @@ def migrate(database_url: str, root: Path | None = None, *, log: Any = None) -> 
                 except psycopg.Error as exc:
                     raise MigrationError(f"{f.name} failed: {exc}") from exc
                 conn.execute(
-                    "INSERT INTO sftq_migrations.applied (name, kind, checksum) VALUES (%s, %s, %s) "
-                    "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = clock_timestamp()",
-                    (f.name, f.kind, checksum))
+                    "INSERT INTO sftq_migrations.applied (name, kind, checksum)"
+                    " VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE"
+                    " SET checksum = EXCLUDED.checksum, applied_at = clock_timestamp()",
+                    (f.name, f.kind, checksum),
+                )
             done.append(f.name)
             if log is not None:
                 log(f"applied {f.name}")

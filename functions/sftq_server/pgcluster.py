@@ -32,11 +32,11 @@ def find_bindir() -> Path:
         candidate = Path(out.stdout.strip())
         if (candidate / "pg_ctl").exists():
             return candidate
-    for candidate in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
-        if Path(candidate, "pg_ctl").exists():
-            return Path(candidate)
+    for found in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
+        if Path(found, "pg_ctl").exists():
+            return Path(found)
     try:
-        import pgserver  # type: ignore[import-untyped]
+        import pgserver
     except ImportError as exc:
         raise ClusterError(
             "no PostgreSQL server binaries found: install PostgreSQL, or `pip install pgserver`"
@@ -56,8 +56,14 @@ def _as_root() -> bool:
 
 
 class LocalCluster:
-    def __init__(self, data_dir: str | Path, port: int | None = None, *, bindir: Path | None = None,
-                 settings: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        port: int | None = None,
+        *,
+        bindir: Path | None = None,
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.bindir = bindir or find_bindir()
@@ -73,9 +79,13 @@ class LocalCluster:
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = os.environ | {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
-        proc = subprocess.run(self._cmd(*args), capture_output=True, text=True, env=env, check=False)
+        proc = subprocess.run(
+            self._cmd(*args), capture_output=True, text=True, env=env, check=False
+        )
         if check and proc.returncode != 0:
-            raise ClusterError(f"{' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+            raise ClusterError(
+                f"{' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout.strip()}"
+            )
         return proc
 
     def _chown(self, path: Path) -> None:
@@ -110,8 +120,16 @@ class LocalCluster:
                     os.chmod(parent, mode | 0o001)
         if self.initialized():
             return
-        self._run(str(self.bindir / "initdb"), "-D", str(self.pgdata), "-U", "postgres",
-                  "--auth=trust", "--encoding=UTF8", "--no-instructions")
+        self._run(
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.pgdata),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--no-instructions",
+        )
 
     def running(self) -> bool:
         proc = self._run(str(self.bindir / "pg_ctl"), "status", "-D", str(self.pgdata), check=False)
@@ -122,15 +140,30 @@ class LocalCluster:
             self.init()
         if self.running():
             return
-        opts = {"port": str(self.port), "listen_addresses": "'127.0.0.1'",
-                "unix_socket_directories": f"'{self.socket_dir}'", **self.settings}
+        opts = {
+            "port": str(self.port),
+            "listen_addresses": "'127.0.0.1'",
+            "unix_socket_directories": f"'{self.socket_dir}'",
+            **self.settings,
+        }
         o = " ".join(f"-c {k}={v}" for k, v in opts.items())
         log = self.data_dir / "postgres.log"
         if not log.exists():
             log.touch()
             self._chown(log)
-        self._run(str(self.bindir / "pg_ctl"), "start", "-w", "-t", str(int(timeout)),
-                  "-D", str(self.pgdata), "-l", str(log), "-o", o)
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "start",
+            "-w",
+            "-t",
+            str(int(timeout)),
+            "-D",
+            str(self.pgdata),
+            "-l",
+            str(log),
+            "-o",
+            o,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:

@@ -4,6 +4,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from fake_jobs_api import API_KEY, BASE_URL, FakeClock, FakeJobsApi
+
 from sftq_client import AsyncClient, Client, _client
 
 

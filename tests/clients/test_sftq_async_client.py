@@ -11,6 +11,7 @@ from typing import TypeVar
 import httpx
 import pytest
 from fake_jobs_api import API_KEY, BASE_URL, FakeClock, FakeJobsApi, error
+
 from sftq_client import (
     APIConnectionError,
     AsyncClient,

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from fake_jobs_api import API_KEY, BASE_URL, FakeJobsApi, error
+
 from sftq_client import Client, cli
 
 Run = Callable[..., tuple[int, str, str]]

@@ -12,8 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
-import sftq_client
 from fake_jobs_api import API_KEY, BASE_URL, FakeClock, FakeJobsApi, error
+
+import sftq_client
 from sftq_client import (
     APIConnectionError,
     BadRequest,

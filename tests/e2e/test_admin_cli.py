@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import clean_env, free_port, run_sftq
+
 from sftq_server.pgcluster import LocalCluster
 
 KEY = re.compile(r"sftq_[0-9a-f]{48}")

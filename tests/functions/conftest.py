@@ -17,13 +17,14 @@ import psycopg
 import pytest
 from fn_support import Api, Db, FakeProvider
 from pytest_postgresql.janitor import DatabaseJanitor
+from werkzeug.test import Client
+
 from sftq_server.api import ApiApp, make_analytics_api, make_jobs_api
 from sftq_server.db import Database
 from sftq_server.gateway import Gateway, make_gateway
 from sftq_server.pgcluster import LocalCluster
 from sftq_server.settings import Settings
 from sftq_server.web import wsgi_app
-from werkzeug.test import Client
 
 _shared_counter = itertools.count()
 

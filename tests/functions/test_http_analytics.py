@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 from fn_support import Api, Db, assert_error
+from werkzeug.test import Client
+
 from sftq_server.api import ApiApp, make_analytics_api
 from sftq_server.db import Database
 from sftq_server.models import JobAnalytics, QueueContext, Summary
 from sftq_server.settings import Settings
 from sftq_server.web import wsgi_app
-from werkzeug.test import Client
 
 QUEUE_KEYS = {"your_progress_job", "your_queued_jobs", "global_queue_depth",
               "global_progress_count", "global_gpu_in_use"}

@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 from fn_support import Api, Db, FakeProvider, assert_error
+from werkzeug.test import Client
+
 from sftq_server import db as dbmod
 from sftq_server.gateway import make_gateway, make_server
 from sftq_server.settings import Settings, get_settings
-from werkzeug.test import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = "/functions/v1/jobs-api"

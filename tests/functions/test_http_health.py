@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 from fn_support import SFT_PAYLOAD, Api, Db, FakeProvider, assert_error
+from werkzeug.test import Client
+
 from sftq_server.api import make_jobs_api
 from sftq_server.db import Database
 from sftq_server.errors import SftqError
@@ -17,7 +19,6 @@ from sftq_server.pgcluster import LocalCluster
 from sftq_server.provider import Transient
 from sftq_server.settings import Settings
 from sftq_server.web import wsgi_app
-from werkzeug.test import Client
 
 
 def test_health_answers_ok(api: Api) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
+
 from sftq_server.provider import FireworksClient
 from sftq_server.simulator import Simulator, SimulatorServer
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from sftq_server.provider import (
     ID_PARAM,
     KIND_COLLECTION,

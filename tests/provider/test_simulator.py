@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from sftq_server.simulator import Simulator, SimulatorServer, job_gpus
 
 BASE = "/v1/accounts/sim-account"

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from sched_support import ACCOUNT, API_KEY, TICK_SECRET, RecordingSimulator
+
 from sftq_server.db import Database
 from sftq_server.provider import FireworksClient
 from sftq_server.scheduler import run_tick

@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import psycopg
+
 from sftq_server.simulator import COLLECTIONS, Simulator
 
 ACCOUNT = "sim-account"

@@ -15,6 +15,7 @@ from sched_support import (
     sim_control,
     state,
 )
+
 from sftq_server.simulator import SimulatorServer
 
 Conn = psycopg.Connection[Any]

@@ -20,6 +20,7 @@ from sched_support import (
     sim_control,
     state,
 )
+
 from sftq_server.db import Database
 from sftq_server.provider import FireworksClient, ProviderJob, Transient
 from sftq_server.scheduler import run_tick

@@ -29,6 +29,7 @@ from sched_support import (
     pid,
     tick_command,
 )
+
 from sftq_server.simulator import SimulatorServer
 
 Conn = psycopg.Connection[Any]

@@ -24,6 +24,7 @@ from sched_support import (
     enqueue,
     state,
 )
+
 from sftq_server.db import Database
 from sftq_server.pgcluster import free_port
 from sftq_server.settings import Settings

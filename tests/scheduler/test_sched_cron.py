@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
+
 from sftq_server.pgcluster import LocalCluster
 
 Conn = psycopg.Connection[Any]

@@ -31,6 +31,7 @@ from sched_support import (
     state,
     tick_command,
 )
+
 from sftq_server import db as sql
 from sftq_server.db import Database
 from sftq_server.errors import Unavailable

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from sched_support import API_KEY, TICK_SECRET, RecordingSimulator, create_user, enqueue, state
+
 from sftq_server import db as sql
 from sftq_server.db import Database
 from sftq_server.pgcluster import free_port
@@ -127,6 +128,7 @@ def test_default_provider_comes_from_settings(conn: Conn, sim: RecordingSimulato
 @pytest.fixture
 def framework_client(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> Iterator[Any]:
     import functions_framework
+
     from sftq_server.db import get_database
     from sftq_server.settings import get_settings
 

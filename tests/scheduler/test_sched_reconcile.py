@@ -18,6 +18,7 @@ from sched_support import (
     pid,
     state,
 )
+
 from sftq_server.db import Database
 from sftq_server.provider import FireworksClient, ProviderJob, Transient
 from sftq_server.scheduler import run_tick

@@ -1,14 +1,14 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 import psycopg
 import pytest
 
-T0 = datetime(2026, 5, 1, 10, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 5, 1, 10, 0, 0, tzinfo=UTC)
 
 
 class Q:
@@ -27,11 +27,28 @@ class Q:
     def user(self, name: str, cap: int = 1) -> int:
         return int(self.one("SELECT sftq.create_user(%s, %s)", name, cap))
 
-    def enqueue(self, user: int, kind: str = "SFT", gpus: int = 4, *, payload: dict[str, Any] | None = None,
-                name: str | None = None, key: str | None = None, at: datetime | None = None) -> UUID:
+    def enqueue(
+        self,
+        user: int,
+        kind: str = "SFT",
+        gpus: int = 4,
+        *,
+        payload: dict[str, Any] | None = None,
+        name: str | None = None,
+        key: str | None = None,
+        at: datetime | None = None,
+    ) -> UUID:
         row = self.conn.execute(
             "SELECT id FROM sftq.enqueue(%s, %s, %s::jsonb, %s, %s, %s, %s)",
-            (user, kind, json.dumps(payload if payload is not None else {"dataset": "d"}), name, gpus, key, at),
+            (
+                user,
+                kind,
+                json.dumps(payload if payload is not None else {"dataset": "d"}),
+                name,
+                gpus,
+                key,
+                at,
+            ),
         ).fetchone()
         assert row is not None
         return UUID(str(row[0]))
@@ -49,24 +66,45 @@ class Q:
         assert row is not None and cur.description is not None
         return {d.name: v for d, v in zip(cur.description, row, strict=True)}
 
-    def submitted(self, job: UUID, state: str = "JOB_STATE_RUNNING", at: datetime | None = None) -> str:
-        return str(self.one("SELECT sftq.record_submitted(%s, %s, %s, false, COALESCE(%s, now()))",
-                            job, f"accounts/a/supervisedFineTuningJobs/sftq-{job.hex}", state, at))
+    def submitted(
+        self, job: UUID, state: str = "JOB_STATE_RUNNING", at: datetime | None = None
+    ) -> str:
+        return str(
+            self.one(
+                "SELECT sftq.record_submitted(%s, %s, %s, false, COALESCE(%s, now()))",
+                job,
+                f"accounts/a/supervisedFineTuningJobs/sftq-{job.hex}",
+                state,
+                at,
+            )
+        )
 
-    def provider_state(self, job: UUID, state: str, message: str | None = None,
-                       at: datetime | None = None) -> str:
-        return str(self.one("SELECT sftq.record_provider_state(%s, %s, %s, COALESCE(%s, now()))",
-                            job, state, message, at))
+    def provider_state(
+        self, job: UUID, state: str, message: str | None = None, at: datetime | None = None
+    ) -> str:
+        return str(
+            self.one(
+                "SELECT sftq.record_provider_state(%s, %s, %s, COALESCE(%s, now()))",
+                job,
+                state,
+                message,
+                at,
+            )
+        )
 
     def events(self, job: UUID) -> list[tuple[str, str | None, str | None]]:
-        return [(r[0], r[1], r[2]) for r in self.all(
-            "SELECT event, from_state, to_state FROM sftq.job_events WHERE job_id = %s ORDER BY id", job)]
+        return [
+            (r[0], r[1], r[2])
+            for r in self.all(
+                "SELECT event, from_state, to_state FROM sftq.job_events WHERE job_id = %s ORDER BY id",
+                job,
+            )
+        ]
 
 
 @pytest.fixture
 def q(conn: psycopg.Connection[Any]) -> Q:
     return Q(conn)
-
 
 
 def check_code(exc_info: pytest.ExceptionInfo[psycopg.Error], code: str) -> None:

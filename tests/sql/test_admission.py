@@ -81,8 +81,9 @@ def test_admission_event_records_the_budget_seen(q: Q) -> None:
     a = q.user("a")
     j = q.enqueue(a, gpus=4)
     q.admit(12)
-    assert q.one("SELECT detail FROM sftq.job_events WHERE job_id = %s AND event = 'admitted'", j) == {
-        "gpu_budget": 12, "gpu_count": 4}
+    assert q.one(
+        "SELECT detail FROM sftq.job_events WHERE job_id = %s AND event = 'admitted'", j
+    ) == {"gpu_budget": 12, "gpu_count": 4}
 
 
 def test_budget_rule_covers_lagging_usage(q: Q) -> None:
@@ -121,11 +122,11 @@ def test_preview_explains_every_wait_and_changes_nothing(q: Q) -> None:
     a, b, c, d = q.user("a"), q.user("b"), q.user("c"), q.user("d")
     running = q.enqueue(d, at=t(0))
     q.admit(4)
-    q.enqueue(d, at=t(1))                  # d at cap
-    a1 = q.enqueue(a, gpus=2, at=t(2))     # admitted
-    q.enqueue(a, at=t(3))                  # behind a's own head
-    q.enqueue(b, gpus=8, at=t(4))          # does not fit
-    q.enqueue(c, gpus=1, at=t(5))          # behind the blocking head
+    q.enqueue(d, at=t(1))  # d at cap
+    a1 = q.enqueue(a, gpus=2, at=t(2))  # admitted
+    q.enqueue(a, at=t(3))  # behind a's own head
+    q.enqueue(b, gpus=8, at=t(4))  # does not fit
+    q.enqueue(c, gpus=1, at=t(5))  # behind the blocking head
     before = q.all("SELECT id, state FROM sftq.jobs ORDER BY id")
     rows = q.all("SELECT job_id, decision, reason FROM sftq.preview_admission(6)")
     assert [r[1] for r in rows] == ["wait", "admit", "wait", "wait", "wait"]
@@ -134,7 +135,9 @@ def test_preview_explains_every_wait_and_changes_nothing(q: Q) -> None:
     assert rows[1][0] == a1
     assert reasons[2].startswith("behind the same user")
     assert reasons[3] == "does not fit: needs 8 GPUs while 4 are free"
-    assert reasons[4].startswith("behind head job") and "needs 8 GPUs while 4 are free" in reasons[4]
+    assert (
+        reasons[4].startswith("behind head job") and "needs 8 GPUs while 4 are free" in reasons[4]
+    )
     assert q.all("SELECT id, state FROM sftq.jobs ORDER BY id") == before
     assert q.state(running) == "PROGRESS"
     assert len(q.all("SELECT * FROM sftq.preview_admission(6, 2)")) == 2

@@ -13,9 +13,12 @@ from .conftest import Q
 def test_analyst_reads_redacted_views_only(q: Q) -> None:
     a = q.user("a")
     q.all("SELECT * FROM sftq.issue_key('a')")
-    payload = {"dataset": "d", "wandbConfig": {"enabled": True, "apiKey": "wandb-SECRET"},
-               "awsS3Config": {"credentialsSecret": "aws-SECRET"},
-               "nested": [{"authToken": "tok-SECRET", "dbPassword": "pw-SECRET", "epochs": 3}]}
+    payload = {
+        "dataset": "d",
+        "wandbConfig": {"enabled": True, "apiKey": "wandb-SECRET"},
+        "awsS3Config": {"credentialsSecret": "aws-SECRET"},
+        "nested": [{"authToken": "tok-SECRET", "dbPassword": "pw-SECRET", "epochs": 3}],
+    }
     job = q.enqueue(a, payload=payload)
     q.admit(8)
     q.conn.execute("SET ROLE sftq_analyst")
@@ -24,13 +27,23 @@ def test_analyst_reads_redacted_views_only(q: Q) -> None:
         assert "SECRET" not in json.dumps(shown)
         assert shown["wandbConfig"] == {"enabled": True, "apiKey": "[REDACTED]"}
         assert shown["nested"][0]["epochs"] == 3
-        for view in ("analyst_jobs", "analyst_job_events", "analyst_ticks", "analyst_users",
-                     "analyst_queue", "analyst_daily"):
+        for view in (
+            "analyst_jobs",
+            "analyst_job_events",
+            "analyst_ticks",
+            "analyst_users",
+            "analyst_queue",
+            "analyst_daily",
+        ):
             q.all(f"SELECT * FROM sftq.{view}")
         assert q.one("SELECT count(*) FROM sftq.analyst_job_events WHERE event = 'admitted'") == 1
-        for forbidden in ("SELECT * FROM sftq.api_keys", "SELECT fireworks_payload FROM sftq.jobs",
-                          "SELECT * FROM sftq.users", "SELECT * FROM sftq.job_events",
-                          "SELECT * FROM sftq_migrations.applied"):
+        for forbidden in (
+            "SELECT * FROM sftq.api_keys",
+            "SELECT fireworks_payload FROM sftq.jobs",
+            "SELECT * FROM sftq.users",
+            "SELECT * FROM sftq.job_events",
+            "SELECT * FROM sftq_migrations.applied",
+        ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 q.conn.execute(forbidden)
         # Nor can it call the procedures that change state.
@@ -45,8 +58,10 @@ def test_api_role_can_only_execute_the_api_entry_points(q: Q) -> None:
     key = q.one("SELECT key FROM sftq.issue_key('a')")
     q.conn.execute("SET ROLE sftq_api")
     try:
-        body = q.one("SELECT sftq.api_enqueue(sha256(convert_to(%s, 'UTF8')), 'SFT', '{}'::jsonb, NULL, 4, NULL)",
-                     key)
+        body = q.one(
+            "SELECT sftq.api_enqueue(sha256(convert_to(%s, 'UTF8')), 'SFT', '{}'::jsonb, NULL, 4, NULL)",
+            key,
+        )
         assert body is not None
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             q.conn.execute("SELECT * FROM sftq.jobs")
@@ -65,8 +80,16 @@ def test_scheduler_role_runs_a_whole_cycle_but_cannot_read_keys(q: Q) -> None:
         tick = q.one("SELECT sftq.tick_begin('t')")
         assert q.one("SELECT sftq.admit_for_quota(16, 0)")["jobs"][0]["job_id"] == str(job)
         q.all("SELECT * FROM sftq.scheduler_work()")
-        assert q.one("SELECT sftq.record_submitted(%s, 'accounts/x/dpoJobs/y', 'JOB_STATE_RUNNING')", job) == "ok"
-        assert q.one("SELECT sftq.record_provider_state(%s, 'JOB_STATE_COMPLETED', NULL)", job) == "SUCCESS"
+        assert (
+            q.one(
+                "SELECT sftq.record_submitted(%s, 'accounts/x/dpoJobs/y', 'JOB_STATE_RUNNING')", job
+            )
+            == "ok"
+        )
+        assert (
+            q.one("SELECT sftq.record_provider_state(%s, 'JOB_STATE_COMPLETED', NULL)", job)
+            == "SUCCESS"
+        )
         q.one("SELECT sftq.tick_finish(%s, '{}'::jsonb)::text", tick)
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             q.conn.execute("SELECT key_hash FROM sftq.api_keys")

@@ -13,12 +13,19 @@ import psycopg
 
 from .conftest import Q
 
-LEGAL = {("QUEUED", "PROGRESS"), ("QUEUED", "CANCELLED"), ("PROGRESS", "SUCCESS"),
-         ("PROGRESS", "FAIL"), ("PROGRESS", "CANCELLED")}
+LEGAL = {
+    ("QUEUED", "PROGRESS"),
+    ("QUEUED", "CANCELLED"),
+    ("PROGRESS", "SUCCESS"),
+    ("PROGRESS", "FAIL"),
+    ("PROGRESS", "CANCELLED"),
+}
 
 
 def _blocked(conn: psycopg.Connection[Any], pid: int) -> bool:
-    row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+    row = conn.execute(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
     return row is not None and row[0] == "Lock"
 
 
@@ -37,7 +44,9 @@ def test_two_concurrent_admits_never_admit_twice(db_url: str, q: Q) -> None:
         first = c1.execute("SELECT sftq.admit_for_quota(12, 0)").fetchone()[0]  # holds the gate
         pid2 = c2.info.backend_pid
         with ThreadPoolExecutor(1) as pool:
-            fut = pool.submit(lambda: c2.execute("SELECT sftq.admit_for_quota(12, 0)").fetchone()[0])
+            fut = pool.submit(
+                lambda: c2.execute("SELECT sftq.admit_for_quota(12, 0)").fetchone()[0]
+            )
             _wait_until_blocked(q.conn, pid2)
             c1.commit()
             second = fut.result(timeout=10)
@@ -52,11 +61,15 @@ def test_admit_waits_for_an_enqueue_in_flight(db_url: str, q: Q) -> None:
     """An earlier job whose enqueue has not committed yet is not overtaken."""
     a, w = q.user("a"), q.user("w")
     with psycopg.connect(db_url) as c1, psycopg.connect(db_url, autocommit=True) as c2:
-        early = c1.execute("SELECT id FROM sftq.enqueue(%s, 'SFT', '{}'::jsonb, NULL, 4)", (a,)).fetchone()[0]
+        early = c1.execute(
+            "SELECT id FROM sftq.enqueue(%s, 'SFT', '{}'::jsonb, NULL, 4)", (a,)
+        ).fetchone()[0]
         late = q.enqueue(w, gpus=4)  # created after, committed first
         pid2 = c2.info.backend_pid
         with ThreadPoolExecutor(1) as pool:
-            fut = pool.submit(lambda: [r[0] for r in c2.execute("SELECT job_id FROM sftq.admit(4)").fetchall()])
+            fut = pool.submit(
+                lambda: [r[0] for r in c2.execute("SELECT job_id FROM sftq.admit(4)").fetchall()]
+            )
             _wait_until_blocked(q.conn, pid2)
             c1.commit()
             admitted = fut.result(timeout=10)
@@ -73,7 +86,9 @@ def test_cancel_that_rolls_back_does_not_let_a_later_job_jump(db_url: str, q: Q)
         c1.execute("SELECT * FROM sftq.cancel(%s, %s)", (a, head))
         pid2 = c2.info.backend_pid
         with ThreadPoolExecutor(1) as pool:
-            fut = pool.submit(lambda: [r[0] for r in c2.execute("SELECT job_id FROM sftq.admit(4)").fetchall()])
+            fut = pool.submit(
+                lambda: [r[0] for r in c2.execute("SELECT job_id FROM sftq.admit(4)").fetchall()]
+            )
             _wait_until_blocked(q.conn, pid2)
             c1.rollback()
             admitted = fut.result(timeout=10)
@@ -89,7 +104,9 @@ def test_cancel_that_commits_hands_over_in_order(db_url: str, q: Q) -> None:
         c1.execute("SELECT * FROM sftq.cancel(%s, %s)", (a, head))
         pid2 = c2.info.backend_pid
         with ThreadPoolExecutor(1) as pool:
-            fut = pool.submit(lambda: [r[0] for r in c2.execute("SELECT job_id FROM sftq.admit(4)").fetchall()])
+            fut = pool.submit(
+                lambda: [r[0] for r in c2.execute("SELECT job_id FROM sftq.admit(4)").fetchall()]
+            )
             _wait_until_blocked(q.conn, pid2)
             c1.commit()
             admitted = fut.result(timeout=10)
@@ -130,16 +147,24 @@ def test_random_interleavings_keep_cap_fifo_budget_and_transitions(db_url: str, 
                 u = rng.choice(users)
                 op = rng.random()
                 if op < 0.6:
-                    c.execute("SELECT * FROM sftq.enqueue(%s, %s, '{}'::jsonb, NULL, %s)",
-                              (u, rng.choice(["SFT", "DPO", "RFT"]), rng.choice([1, 2, 4, 8])))
+                    c.execute(
+                        "SELECT * FROM sftq.enqueue(%s, %s, '{}'::jsonb, NULL, %s)",
+                        (u, rng.choice(["SFT", "DPO", "RFT"]), rng.choice([1, 2, 4, 8])),
+                    )
                 else:
-                    row = c.execute("SELECT id FROM sftq.jobs WHERE user_id = %s AND state IN ('QUEUED', 'PROGRESS') "
-                                    "ORDER BY random() LIMIT 1", (u,)).fetchone()
+                    row = c.execute(
+                        "SELECT id FROM sftq.jobs WHERE user_id = %s AND state IN ('QUEUED', 'PROGRESS') "
+                        "ORDER BY random() LIMIT 1",
+                        (u,),
+                    ).fetchone()
                     if row:
                         try:
                             c.execute("SELECT * FROM sftq.cancel(%s, %s)", (u, row[0]))
-                            c.execute("SELECT sftq.complete_cancel(id) FROM sftq.jobs "
-                                      "WHERE id = %s AND cancel_requested_at IS NOT NULL", (row[0],))
+                            c.execute(
+                                "SELECT sftq.complete_cancel(id) FROM sftq.jobs "
+                                "WHERE id = %s AND cancel_requested_at IS NOT NULL",
+                                (row[0],),
+                            )
                         except psycopg.Error as exc:
                             if exc.sqlstate != "SQ409":
                                 raise  # only a race to a terminal state (409) is expected
@@ -148,10 +173,19 @@ def test_random_interleavings_keep_cap_fifo_budget_and_transitions(db_url: str, 
         rng = random.Random(seed)
         with psycopg.connect(db_url, autocommit=True) as c:
             while time.monotonic() < stop:
-                row = c.execute("SELECT id FROM sftq.jobs WHERE state = 'PROGRESS' ORDER BY random() LIMIT 1").fetchone()
+                row = c.execute(
+                    "SELECT id FROM sftq.jobs WHERE state = 'PROGRESS' ORDER BY random() LIMIT 1"
+                ).fetchone()
                 if row:
-                    c.execute("SELECT sftq.record_provider_state(%s, %s, 'x')",
-                              (row[0], rng.choice(["JOB_STATE_COMPLETED", "JOB_STATE_FAILED", "JOB_STATE_RUNNING"])))
+                    c.execute(
+                        "SELECT sftq.record_provider_state(%s, %s, 'x')",
+                        (
+                            row[0],
+                            rng.choice(
+                                ["JOB_STATE_COMPLETED", "JOB_STATE_FAILED", "JOB_STATE_RUNNING"]
+                            ),
+                        ),
+                    )
                 time.sleep(0.002)
 
     def admitter() -> None:
@@ -190,8 +224,10 @@ def test_random_interleavings_keep_cap_fifo_budget_and_transitions(db_url: str, 
 
     # Invariant 5: every job's recorded path is a chain of legal transitions ending in its state.
     paths: dict[Any, list[tuple[str, str]]] = {}
-    for job, frm, to in q.all("SELECT job_id, from_state, to_state FROM sftq.job_events "
-                              "WHERE to_state IS NOT NULL ORDER BY id"):
+    for job, frm, to in q.all(
+        "SELECT job_id, from_state, to_state FROM sftq.job_events "
+        "WHERE to_state IS NOT NULL ORDER BY id"
+    ):
         paths.setdefault(job, []).append((frm, to))
     for job, state in q.all("SELECT id, state FROM sftq.jobs"):
         current = "QUEUED"

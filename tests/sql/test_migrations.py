@@ -17,7 +17,9 @@ from sftq_server.pgcluster import LocalCluster
 
 @pytest.fixture
 def empty_url(pg_cluster: LocalCluster) -> Any:
-    janitor = DatabaseJanitor(user="postgres", host="127.0.0.1", port=pg_cluster.port, dbname="empty_mig")
+    janitor = DatabaseJanitor(
+        user="postgres", host="127.0.0.1", port=pg_cluster.port, dbname="empty_mig"
+    )
     janitor.init()
     try:
         yield pg_cluster.url_for("empty_mig")
@@ -41,7 +43,9 @@ def _schema_snapshot(url: str) -> list[tuple[Any, ...]]:
 def test_empty_database_is_migrated_and_a_second_run_changes_nothing(empty_url: str) -> None:
     applied = migrate.migrate(empty_url)
     assert applied[0] == "migrations/0001_core_schema.sql"
-    assert any(a.startswith("procedures/") for a in applied) and any(a.startswith("views/") for a in applied)
+    assert any(a.startswith("procedures/") for a in applied) and any(
+        a.startswith("views/") for a in applied
+    )
     before = _schema_snapshot(empty_url)
     assert migrate.migrate(empty_url) == []
     assert _schema_snapshot(empty_url) == before
@@ -74,7 +78,9 @@ def test_new_migration_and_changed_procedure_are_applied(empty_url: str, tmp_pat
     proc = root / "procedures" / "000_common.sql"
     proc.write_text(proc.read_text() + "\n-- a comment\n")
     st = migrate.status(empty_url, root)
-    assert st.pending == ["migrations/9999_extra.sql"] and st.changed == ["procedures/000_common.sql"]
+    assert st.pending == ["migrations/9999_extra.sql"] and st.changed == [
+        "procedures/000_common.sql"
+    ]
     applied = migrate.migrate(empty_url, root)
     assert applied[:2] == ["migrations/9999_extra.sql", "procedures/000_common.sql"]
     assert "grants/010_roles.sql" in applied  # privileges re-applied after a procedure changed

@@ -13,9 +13,15 @@ from .conftest import Q, t
 
 USERS = ["a", "b", "c"]
 CAPS = {"a": 1, "b": 1, "c": 2}
-OUTCOMES = {"JOB_STATE_COMPLETED": "SUCCESS", "JOB_STATE_FAILED": "FAIL", "JOB_STATE_EXPIRED": "FAIL",
-            "JOB_STATE_EARLY_STOPPED": "FAIL", "JOB_STATE_CANCELLED": "CANCELLED", "NOT_FOUND": "CANCELLED",
-            "JOB_STATE_RUNNING": None}
+OUTCOMES = {
+    "JOB_STATE_COMPLETED": "SUCCESS",
+    "JOB_STATE_FAILED": "FAIL",
+    "JOB_STATE_EXPIRED": "FAIL",
+    "JOB_STATE_EARLY_STOPPED": "FAIL",
+    "JOB_STATE_CANCELLED": "CANCELLED",
+    "NOT_FOUND": "CANCELLED",
+    "JOB_STATE_RUNNING": None,
+}
 
 
 @dataclass
@@ -37,9 +43,16 @@ class Model:
         admitted: list[int] = []
         users_done: set[str] = set()
         while True:
-            cand = next((i for i, j in enumerate(self.jobs)
-                         if j.state == "QUEUED" and j.user not in users_done
-                         and self.running(j.user) < CAPS[j.user]), None)
+            cand = next(
+                (
+                    i
+                    for i, j in enumerate(self.jobs)
+                    if j.state == "QUEUED"
+                    and j.user not in users_done
+                    and self.running(j.user) < CAPS[j.user]
+                ),
+                None,
+            )
             if cand is None or self.jobs[cand].gpus > budget:
                 return admitted
             self.jobs[cand].state = "PROGRESS"
@@ -72,10 +85,14 @@ op = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(ops=st.lists(op, min_size=1, max_size=40))
 def test_procedures_agree_with_the_model(q: Q, ops: list[tuple[Any, ...]]) -> None:
-    q.conn.execute("TRUNCATE sftq.job_events, sftq.jobs, sftq.api_keys, sftq.users RESTART IDENTITY CASCADE")
+    q.conn.execute(
+        "TRUNCATE sftq.job_events, sftq.jobs, sftq.api_keys, sftq.users RESTART IDENTITY CASCADE"
+    )
     uid = {u: q.user(u, CAPS[u]) for u in USERS}
     model = Model()
     ids: list[Any] = []
@@ -93,7 +110,9 @@ def test_procedures_agree_with_the_model(q: Q, ops: list[tuple[Any, ...]]) -> No
             i = o[1] % len(ids)
             expected = model.cancel(i)
             try:
-                action = q.all("SELECT action FROM sftq.cancel(%s, %s)", uid[model.jobs[i].user], ids[i])[0][0]
+                action = q.all(
+                    "SELECT action FROM sftq.cancel(%s, %s)", uid[model.jobs[i].user], ids[i]
+                )[0][0]
             except Exception as exc:  # noqa: BLE001 - the coded error is the check
                 assert getattr(exc, "sqlstate", None) == "SQ409" and expected == "conflict"
             else:
