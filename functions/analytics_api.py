@@ -8,30 +8,26 @@ The handler is built on the first request, not at import.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any
+
+from sftq_server.lazy import Lazy
 
 if TYPE_CHECKING:
     from sftq_server.web import Handler
 
-_handler: Handler | None = None
-_lock = threading.Lock()
+
+def _build() -> Handler:
+    from sftq_server.api import make_analytics_api
+    from sftq_server.settings import get_settings
+
+    return make_analytics_api(get_settings())
 
 
-def _get_handler() -> Handler:
-    global _handler
-    if _handler is None:
-        with _lock:
-            if _handler is None:
-                from sftq_server.api import make_analytics_api
-                from sftq_server.settings import get_settings
-
-                _handler = make_analytics_api(get_settings())
-    return _handler
+_handler = Lazy(_build)
 
 
 def analytics(request: Any) -> Any:
     """Serve one flask request (functions-framework hands us flask.Request)."""
     from sftq_server.web import handle_flask
 
-    return handle_flask(_get_handler(), request)
+    return handle_flask(_handler.get(), request)

@@ -10,7 +10,6 @@ first request: cold starts stay short, and the settings are read from the enviro
 from __future__ import annotations
 
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,26 +19,23 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.append(_HERE)
 
+from sftq_server.lazy import Lazy  # noqa: E402 - after the sys.path fix above
+
 if TYPE_CHECKING:
     from sftq_server.tick_http import TickApp
 
-_app: TickApp | None = None
-_lock = threading.Lock()
+
+def _build() -> TickApp:
+    from sftq_server.settings import get_settings
+    from sftq_server.tick_http import make_tick_app
+
+    return make_tick_app(get_settings())
 
 
-def _get_app() -> TickApp:
-    global _app
-    if _app is None:
-        with _lock:
-            if _app is None:
-                from sftq_server.settings import get_settings
-                from sftq_server.tick_http import make_tick_app
-
-                _app = make_tick_app(get_settings())
-    return _app
+_app = Lazy(_build)
 
 
 def scheduler_tick(request: Any) -> tuple[bytes, int, dict[str, str]]:
     """POST with `Authorization: Bearer $SFTQ_TICK_SECRET` runs one scheduler tick."""
-    status, headers, body = _get_app().handle(request.method, request.headers.get("Authorization"))
+    status, headers, body = _app.get().handle(request.method, request.headers.get("Authorization"))
     return body, status, headers

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -36,20 +37,35 @@ def _wait_until_blocked(watch: psycopg.Connection[Any], pid: int) -> None:
         time.sleep(0.01)
 
 
+def _while_held(
+    db_url: str,
+    q: Q,
+    hold: Callable[[psycopg.Connection[Any]], Any],
+    query: str,
+    *,
+    commit: bool = True,
+) -> tuple[Any, Any]:
+    """Run `hold` in an open transaction, start `query` in a second session, check that it
+    waits for the first, then commit (or roll back) the first. Returns what each answered."""
+    with psycopg.connect(db_url) as c1, psycopg.connect(db_url, autocommit=True) as c2:
+        held = hold(c1)
+        with ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(lambda: c2.execute(query).fetchall())
+            _wait_until_blocked(q.conn, c2.info.backend_pid)
+            c1.commit() if commit else c1.rollback()
+            return held, fut.result(timeout=10)
+
+
+ADMIT_4 = "SELECT job_id FROM sftq.admit(4)"
+
+
 def test_two_concurrent_admits_never_admit_twice(db_url: str, q: Q) -> None:
     users = [q.user(f"u{i}") for i in range(6)]
     for u in users:
         q.enqueue(u, gpus=4)
-    with psycopg.connect(db_url) as c1, psycopg.connect(db_url, autocommit=True) as c2:
-        first = c1.execute("SELECT sftq.admit_for_quota(12, 0)").fetchone()[0]  # holds the gate
-        pid2 = c2.info.backend_pid
-        with ThreadPoolExecutor(1) as pool:
-            fut = pool.submit(
-                lambda: c2.execute("SELECT sftq.admit_for_quota(12, 0)").fetchone()[0]
-            )
-            _wait_until_blocked(q.conn, pid2)
-            c1.commit()
-            second = fut.result(timeout=10)
+    admit = "SELECT sftq.admit_for_quota(12, 0)"
+    first, rows = _while_held(db_url, q, lambda c: c.execute(admit).fetchone()[0], admit)
+    second = rows[0][0]
     assert len(first["jobs"]) == 3
     # The second call counted the first call's GPUs (the provider's usage still says 0).
     assert second["budget"] == 0 and second["jobs"] == []
@@ -60,21 +76,16 @@ def test_two_concurrent_admits_never_admit_twice(db_url: str, q: Q) -> None:
 def test_admit_waits_for_an_enqueue_in_flight(db_url: str, q: Q) -> None:
     """An earlier job whose enqueue has not committed yet is not overtaken."""
     a, w = q.user("a"), q.user("w")
-    with psycopg.connect(db_url) as c1, psycopg.connect(db_url, autocommit=True) as c2:
-        early = c1.execute(
-            "SELECT id FROM sftq.enqueue(%s, 'SFT', '{}'::jsonb, NULL, 4)", (a,)
-        ).fetchone()[0]
-        late = q.enqueue(w, gpus=4)  # created after, committed first
-        pid2 = c2.info.backend_pid
-        with ThreadPoolExecutor(1) as pool:
-            fut = pool.submit(
-                lambda: [r[0] for r in c2.execute("SELECT job_id FROM sftq.admit(4)").fetchall()]
-            )
-            _wait_until_blocked(q.conn, pid2)
-            c1.commit()
-            admitted = fut.result(timeout=10)
-    assert admitted == [early]
-    assert q.state(late) == "QUEUED"
+    late: list[Any] = []
+
+    def enqueue_early(c: psycopg.Connection[Any]) -> Any:
+        early = c.execute("SELECT id FROM sftq.enqueue(%s, 'SFT', '{}'::jsonb, NULL, 4)", (a,))
+        late.append(q.enqueue(w, gpus=4))  # created after, committed first
+        return early.fetchone()[0]
+
+    early, admitted = _while_held(db_url, q, enqueue_early, ADMIT_4)
+    assert admitted == [(early,)]
+    assert q.state(late[0]) == "QUEUED"
 
 
 def test_cancel_that_rolls_back_does_not_let_a_later_job_jump(db_url: str, q: Q) -> None:
@@ -82,17 +93,9 @@ def test_cancel_that_rolls_back_does_not_let_a_later_job_jump(db_url: str, q: Q)
     head = q.enqueue(a, gpus=4)
     q.enqueue(a, gpus=4)
     q.enqueue(b, gpus=4)
-    with psycopg.connect(db_url) as c1, psycopg.connect(db_url, autocommit=True) as c2:
-        c1.execute("SELECT * FROM sftq.cancel(%s, %s)", (a, head))
-        pid2 = c2.info.backend_pid
-        with ThreadPoolExecutor(1) as pool:
-            fut = pool.submit(
-                lambda: [r[0] for r in c2.execute("SELECT job_id FROM sftq.admit(4)").fetchall()]
-            )
-            _wait_until_blocked(q.conn, pid2)
-            c1.rollback()
-            admitted = fut.result(timeout=10)
-    assert admitted == [head]
+    cancel = lambda c: c.execute("SELECT * FROM sftq.cancel(%s, %s)", (a, head))  # noqa: E731
+    _, admitted = _while_held(db_url, q, cancel, ADMIT_4, commit=False)
+    assert admitted == [(head,)]
 
 
 def test_cancel_that_commits_hands_over_in_order(db_url: str, q: Q) -> None:
@@ -100,17 +103,9 @@ def test_cancel_that_commits_hands_over_in_order(db_url: str, q: Q) -> None:
     head = q.enqueue(a, gpus=4)
     b1 = q.enqueue(b, gpus=4)
     a2 = q.enqueue(a, gpus=4)
-    with psycopg.connect(db_url) as c1, psycopg.connect(db_url, autocommit=True) as c2:
-        c1.execute("SELECT * FROM sftq.cancel(%s, %s)", (a, head))
-        pid2 = c2.info.backend_pid
-        with ThreadPoolExecutor(1) as pool:
-            fut = pool.submit(
-                lambda: [r[0] for r in c2.execute("SELECT job_id FROM sftq.admit(4)").fetchall()]
-            )
-            _wait_until_blocked(q.conn, pid2)
-            c1.commit()
-            admitted = fut.result(timeout=10)
-    assert admitted == [b1]
+    cancel = lambda c: c.execute("SELECT * FROM sftq.cancel(%s, %s)", (a, head))  # noqa: E731
+    _, admitted = _while_held(db_url, q, cancel, ADMIT_4)
+    assert admitted == [(b1,)]
     assert q.state(a2) == "QUEUED"
 
 
