@@ -106,3 +106,21 @@ def test_two_migrators_at_once_apply_each_file_once(empty_url: str) -> None:
     combined = sorted(results[0] + results[1])
     assert combined == sorted(set(combined))  # nothing applied twice
     assert len(combined) == len(migrate.plan())
+
+
+@pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR")
+def test_migrates_an_empty_postgresql_16_as_well(tmp_path: Path) -> None:
+    """The suite runs on the machine's PostgreSQL (15 here); pgserver bundles 16."""
+    pgserver = pytest.importorskip("pgserver")
+    cluster = LocalCluster(
+        Path("/tmp") / f"sftq-pg16-{tmp_path.name}",
+        bindir=Path(pgserver.__file__).parent / "pginstall" / "bin",
+    )
+    try:
+        cluster.start()
+        with psycopg.connect(cluster.url) as c:
+            assert c.execute("SHOW server_version_num").fetchone()[0].startswith("16")
+        assert len(migrate.migrate(cluster.url)) == len(migrate.plan())
+        assert migrate.migrate(cluster.url) == []
+    finally:
+        cluster.destroy()
