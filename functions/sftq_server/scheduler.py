@@ -153,6 +153,7 @@ class _Tick:
     done: set[uuid.UUID] = field(default_factory=set)
     _transient_streak: int = 0
     _provider_down: bool = False
+    _provider_refused: bool = False
     _dropped_errors: int = 0
 
     # -- bookkeeping --------------------------------------------------------------------
@@ -188,6 +189,7 @@ class _Tick:
         self.error(f"{what}: {exc}")
         if isinstance(exc, AuthError):
             # Our key or account is wrong: every further call fails the same way.
+            self._provider_refused = True
             self._trip("the provider refused our credentials")
             return
         if isinstance(exc, Transient):
@@ -302,10 +304,13 @@ class _Tick:
     # -- phases 5 and 7: submissions ----------------------------------------------------
 
     def retry_submissions(self, work: list[_Work]) -> None:
-        for w in work:
-            if (w.submitted_at is not None or w.cancel_requested_at is not None
-                    or w.job_id in self.done):
-                continue
+        pending = [w for w in work if w.submitted_at is None and w.cancel_requested_at is None
+                   and w.job_id not in self.done]
+        # Fewest attempts first (a stable sort keeps admission order among equals): a few
+        # jobs whose creates keep failing must not use up every tick's failure budget ahead
+        # of the others, tick after tick.
+        pending.sort(key=lambda w: w.submit_attempts)
+        for w in pending:
             self.lease.keep()
             self.check_provider()
             self.submit(w.job_id, w.kind, w.fireworks_payload or {}, w.gpu_count)
@@ -379,7 +384,12 @@ class _Tick:
     # -- phase 6: admission -------------------------------------------------------------
 
     def admit(self) -> list[dict[str, Any]]:
-        self.check_provider()
+        if self._provider_refused:
+            raise _ProviderDown
+        # Even after a run of failed creates, read the quota once: those failures may belong
+        # to a few jobs (the provider is otherwise fine), and skipping admission for them
+        # would stall the whole queue behind them. A provider that is really down fails
+        # this one call too.
         try:
             quota = self.provider.get_quota()
         except ProviderError as exc:
@@ -387,6 +397,7 @@ class _Tick:
             self.provider_failed(exc, "quota")
             return []
         self.provider_ok()
+        self._provider_down = False
         self.quota = quota
         # Decimal, not float: the procedure takes numeric, and float8 -> numeric is not
         # an implicit cast, so a float would not resolve the function.
@@ -404,10 +415,17 @@ class _Tick:
 
     def submit_admitted(self, jobs: Iterable[dict[str, Any]]) -> None:
         for job in jobs:
+            job_id = uuid.UUID(str(job["job_id"]))
             self.lease.keep()
-            self.check_provider()
-            self.submit(uuid.UUID(str(job["job_id"])), str(job["kind"]),
-                        dict(job.get("fireworks_payload") or {}), int(job["gpu_count"]))
+            try:
+                self.check_provider()
+            except _ProviderDown:
+                # Admitted but not tried: say why on the job; the next tick submits it.
+                self.db.scalar(sql.RECORD_SUBMIT_ERROR, (
+                    job_id, "not attempted: the provider failed several calls in a row", True))
+                continue
+            self.submit(job_id, str(job["kind"]), dict(job.get("fireworks_payload") or {}),
+                        int(job["gpu_count"]))
 
     # -- result -------------------------------------------------------------------------
 

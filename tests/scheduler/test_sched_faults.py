@@ -87,8 +87,10 @@ def test_provider_outage_leaves_every_job_as_it_was(conn: Conn, sim: RecordingSi
     for _ in range(3):
         result = run_tick(database, provider, settings)
         assert result["status"] == "error"
-        # The tick stops calling a provider that keeps failing.
-        assert result["provider_calls"] <= MAX_CONSECUTIVE_TRANSIENT
+        # The tick stops calling a provider that keeps failing, but for one quota read: the
+        # failures might belong to a few jobs' creates only, and admission must not stall
+        # behind them (tests/reliability: jobs whose creates keep failing).
+        assert result["provider_calls"] <= MAX_CONSECUTIVE_TRANSIENT + 1
         assert any("no more provider calls" in e for e in result["errors"]), result["errors"]
         assert _snapshot(conn) == before
     assert time.monotonic() - started < 10
