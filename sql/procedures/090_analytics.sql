@@ -7,18 +7,31 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     WITH mine AS (
         -- At most 100 of the caller's queued jobs, oldest first (documented bound).
-        SELECT j.id, j.display_name, j.kind, j.gpu_count, j.created_at
-          FROM sftq.jobs j
-         WHERE j.user_id = p_user_id AND j.state = 'QUEUED'
-         ORDER BY j.created_at, j.id
-         LIMIT 100
-    ), ranked AS (
+        SELECT q.*, row_number() OVER (ORDER BY q.created_at, q.id) AS k
+          FROM (SELECT j.id, j.display_name, j.kind, j.gpu_count, j.created_at
+                  FROM sftq.jobs j
+                 WHERE j.user_id = p_user_id AND j.state = 'QUEUED'
+                 ORDER BY j.created_at, j.id
+                 LIMIT 100) q
+    ), gaps AS (
+        -- queue_position (the contract's: other users' QUEUED jobs created earlier) in ONE
+        -- walk of jobs_queued_idx instead of one count from the queue's start per job:
+        -- n = every QUEUED job from my previous listed job (inclusive) up to this one
+        -- (exclusive). Mine are consecutive in FIFO order, so the running sum of n is the
+        -- number of all QUEUED jobs ahead of this one, of which k - 1 are mine. The counts
+        -- touch only (created_at, id) of the partial index, so they are index-only scans.
         SELECT m.*,
-               -- Other users' QUEUED jobs created earlier (the contract's queue_position).
                (SELECT count(*) FROM sftq.jobs o
-                 WHERE o.state = 'QUEUED' AND (o.created_at, o.id) < (m.created_at, m.id)
-                   AND o.user_id <> p_user_id) AS queue_position
+                 WHERE o.state = 'QUEUED'
+                   AND (o.created_at, o.id) < (m.created_at, m.id)
+                   AND (o.created_at, o.id) >= (COALESCE(p.created_at, '-infinity'),
+                                                COALESCE(p.id, '00000000-0000-0000-0000-000000000000'))
+               ) AS n
           FROM mine m
+          LEFT JOIN mine p ON p.k = m.k - 1
+    ), ranked AS (
+        SELECT g.*, (sum(g.n) OVER (ORDER BY g.k) - (g.k - 1))::bigint AS queue_position
+          FROM gaps g
     )
     SELECT json_build_object(
         'your_progress_job', (
@@ -40,7 +53,7 @@ AS $$
         'global_gpu_in_use', (SELECT COALESCE(sum(j.gpu_count), 0)::bigint FROM sftq.jobs j WHERE j.state = 'PROGRESS'))
 $$;
 COMMENT ON FUNCTION sftq.queue_context(bigint) IS
-    'The caller''s running job, their queued jobs (first 100) with queue_position = other users'' QUEUED jobs created earlier, and global depth, running count and GPUs in use.';
+    'The caller''s running job, their queued jobs (first 100) with queue_position = other users'' QUEUED jobs created earlier, and global depth, running count and GPUs in use. Cost: the positions take one index-only walk of the queue up to the caller''s 100th listed job (O(its position)); the global figures read the users table and the running jobs only. Reads only, takes no locks.';
 
 CREATE OR REPLACE FUNCTION sftq.summary(p_user_id bigint)
 RETURNS json

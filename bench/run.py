@@ -1,0 +1,143 @@
+"""The benchmark: `make bench` (or `.venv/bin/python bench/run.py`).
+
+Starts a private PostgreSQL on loopback, runs the sections, prints one table and writes the
+figures to bench/results/ as JSON. Figures to compare are ratios from the same run.
+
+    bench/run.py                         everything (< 15 min on 2 cores)
+    bench/run.py --only admission,tick   some sections
+    bench/run.py --quick                 a fast smoke run (small sizes; what CI runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import BENCH, Bench, background_cores, machine_info, write_json  # noqa: E402
+
+# Above this much CPU used by other processes, the run says its figures are disturbed.
+QUIET_CORES = 0.25
+
+SECTIONS = ("enqueue", "admission", "analytics", "tick", "footprint", "profile")
+
+
+def _module(name: str) -> Any:
+    return __import__(f"sec_{name}")
+
+
+def print_table(b: Bench) -> str:
+    lines = []
+    header = f"{'section':<10} {'figure':<58} {'value':>12} {'unit':<7} {'goal':<8} {'':<6} note"
+    lines.append(header)
+    lines.append("-" * len(header))
+    for r in b.rows:
+        if r.value is None:
+            shown = "-"
+        elif abs(r.value) >= 100:
+            shown = f"{r.value:,.0f}"
+        elif abs(r.value) >= 10:
+            shown = f"{r.value:.1f}"
+        else:
+            shown = f"{r.value:.3f}" if abs(r.value) < 1 else f"{r.value:.2f}"
+        flag = "" if r.ok is None else ("ok" if r.ok else "MISSED")
+        lines.append(f"{r.section:<10} {r.name[:58]:<58} {shown:>12} {r.unit:<7} {r.goal:<8} "
+                     f"{flag:<6} {r.note}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(SECTIONS),
+                        help=f"comma-separated sections from: {', '.join(SECTIONS)}")
+    parser.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
+    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="first wait up to this long for other processes to go quiet")
+    parser.add_argument("--out", type=Path, default=BENCH / "results",
+                        help="folder for the JSON results and server logs")
+    args = parser.parse_args(argv)
+    chosen = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s): {', '.join(unknown)}")
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    b = Bench(quick=args.quick, out_dir=args.out / stamp)
+    b.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    started = time.monotonic()
+    failed: list[str] = []
+    section_seconds: dict[str, float] = {}
+    try:
+        busy = background_cores()
+        deadline = time.monotonic() + args.wait_quiet
+        while busy > QUIET_CORES and time.monotonic() < deadline:
+            print(f"other processes keep {busy:.2f} cores busy; waiting for quiet ...", flush=True)
+            time.sleep(10)
+            busy = background_cores()
+        b.data["background_cores_at_start"] = round(busy, 2)
+        if busy > QUIET_CORES:
+            b.notes.append(f"other processes kept {busy:.2f} of the machine's cores busy when "
+                           "the run started: absolute figures are low, ratios less affected")
+        print("starting a private PostgreSQL on loopback ...", flush=True)
+        b.start_cluster()
+        b.data["machine"] = machine_info() | {"postgres": b.server_version()}
+        b.data["pg_settings"] = __import__("common").PG_SETTINGS
+        m = b.data["machine"]
+        print(f"machine: {m['nproc']} CPUs, {m['mem_gib']} GiB, PostgreSQL {m['postgres']}, "
+              f"Python {m['python']}", flush=True)
+        for name in SECTIONS:
+            if name not in chosen:
+                continue
+            print(f"\n== {name} ==", flush=True)
+            t0 = time.monotonic()
+            try:
+                _module(name).run(b)
+            except KeyboardInterrupt:
+                raise
+            except Exception:
+                failed.append(name)
+                traceback.print_exc()
+            section_seconds[name] = round(time.monotonic() - t0, 1)
+            print(f"   ({section_seconds[name]} s)", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        failed.append("interrupted")
+    finally:
+        b.stop_cluster()
+
+    total = time.monotonic() - started
+    table = print_table(b)
+    print("\n" + table)
+    for note in b.notes:
+        print(f"note: {note}")
+    print(f"\ntotal {total:.0f} s; sections: "
+          + ", ".join(f"{k} {v} s" for k, v in section_seconds.items()))
+    payload = {"started": stamp, "quick": args.quick, "sections": chosen,
+               "section_seconds": section_seconds, "total_seconds": round(total, 1),
+               "failed": failed, "notes": b.notes,
+               "rows": [r.__dict__ for r in b.rows], "data": b.data}
+    out = b.out_dir / "results.json"
+    write_json(out, payload)
+    write_json(args.out / "latest.json", payload)
+    (b.out_dir / "table.txt").write_text(table + "\n")
+    print(f"results: {out}")
+    if failed:
+        print(f"FAILED sections: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,143 @@
+"""Analytics at 10^6 jobs: per-user summary and queue context, the global figures, and the
+analyst views' common queries.
+
+The data set (bench/dataset.py): 1,000 users; 600,000 finished jobs over 60 days (user 1 owns
+5% of them: a heavy user); 10 running jobs; 400,000 QUEUED jobs round robin over all users,
+then 100 more QUEUED jobs of user 1000 at the very end of the queue (a user deep in it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import dataset
+import psycopg
+from common import ROOT, Bench, query, summarize, time_calls
+
+SECTION = "analytics"
+
+TYPICAL, HEAVY, TAIL, IDLE = 500, 1, 1000, None
+
+ANALYST_QUERIES: dict[str, str] = {
+    "analyst_jobs: one user, last 7 days, newest 100":
+        "SELECT id, state, kind, gpu_hours, queue_wait_seconds FROM sftq.analyst_jobs "
+        "WHERE user_name = 'u0500' AND created_at >= %(t0)s::timestamptz - interval '7 days' "
+        "ORDER BY created_at DESC LIMIT 100",
+    "analyst_jobs: one user, all time, by state":
+        "SELECT state, count(*), avg(run_duration_seconds) FROM sftq.analyst_jobs "
+        "WHERE user_name = 'u0500' GROUP BY state",
+    "analyst_jobs: all users, last 24 h, by state":
+        "SELECT state, count(*), avg(queue_wait_seconds) FROM sftq.analyst_jobs "
+        "WHERE created_at >= %(t0)s::timestamptz - interval '24 hours' "
+        "AND created_at < %(t0)s::timestamptz GROUP BY state",
+    "analyst_daily: last 30 days":
+        "SELECT * FROM sftq.analyst_daily WHERE day >= %(t0)s::timestamptz - interval '30 days' "
+        "AND day < %(t0)s::timestamptz ORDER BY day, kind, state",
+    "analyst_queue: first 100, ORDER BY fifo_rank":
+        "SELECT * FROM sftq.analyst_queue ORDER BY fifo_rank LIMIT 100",
+    # The same rows: fifo_rank follows (created_at, id), and ordering by those lets the plan
+    # walk jobs_queued_idx and stop after 100 rows instead of numbering the whole queue.
+    "analyst_queue: first 100, ORDER BY created_at, id":
+        "SELECT * FROM sftq.analyst_queue ORDER BY created_at, id LIMIT 100",
+    "analyst_users: all":
+        "SELECT * FROM sftq.analyst_users ORDER BY name",
+}
+
+
+def _old_queue_context(conn: psycopg.Connection[Any]) -> bool:
+    """sftq.queue_context as last committed (git HEAD), as sftq.queue_context_head, to show
+    what the rewrite in this branch changed. False when git or the file is not there."""
+    try:
+        text = subprocess.run(["git", "show", "HEAD:sql/procedures/090_analytics.sql"],
+                              cwd=ROOT, capture_output=True, text=True, check=True,
+                              timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    start = text.find("CREATE OR REPLACE FUNCTION sftq.queue_context(")
+    end = text.find("COMMENT ON FUNCTION sftq.queue_context", start)
+    if start < 0 or end < 0:
+        return False
+    body = text[start:end].replace("sftq.queue_context(", "sftq.queue_context_head(", 1)
+    current = conn.execute("SELECT pg_get_functiondef('sftq.queue_context(bigint)'::regprocedure)"
+                           ).fetchone()
+    if current and "queue_position" in body and body.split("AS $$")[1].strip() in str(current[0]):
+        return False  # HEAD is what is installed: nothing to compare
+    conn.execute(body)
+    return True
+
+
+def run(b: Bench) -> None:
+    if b.quick:
+        history, queued, tail = 6_000, 4_000, 100
+    else:
+        history, queued, tail = 600_000, 400_000, 100
+    total = history + queued + tail + 10
+    results: dict[str, Any] = {"jobs": total, "history": history, "queued": queued + tail}
+    b.data[SECTION] = results
+    dbname = "bench_analytics"
+    url = b.new_db(dbname)
+    reps = 20 if b.quick else 50
+    try:
+        with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
+            results["load_s"] = dataset.load(conn, queued=queued, running=10, history=history,
+                                             tail_user=TAIL, tail_jobs=tail)
+            dataset.check_bookkeeping(conn)
+            idle = conn.execute("INSERT INTO sftq.users (name) VALUES ('idle') RETURNING id"
+                                ).fetchone()
+            assert idle is not None
+            users = {"typical user": TYPICAL, "heavy user (5% of history)": HEAVY,
+                     "user at the queue's tail": TAIL, "idle user (globals only)": int(idle[0])}
+            per_user: dict[str, Any] = {}
+            for label, uid in users.items():
+                jobs = conn.execute("SELECT count(*) FROM sftq.jobs WHERE user_id = %s",
+                                    (uid,)).fetchone()
+                s = summarize(time_calls(query(conn, "SELECT sftq.summary(%s)", (uid,)),
+                                         reps=reps))
+                q = summarize(time_calls(query(conn, "SELECT sftq.queue_context(%s)", (uid,)),
+                                         reps=reps))
+                per_user[label] = {"user_id": uid, "jobs": int(jobs[0]) if jobs else 0,
+                                   "summary": s, "queue_context": q}
+            results["per_user"] = per_user
+            if not b.quick and _old_queue_context(conn):
+                old: dict[str, Any] = {}
+                for label in ("typical user", "user at the queue's tail"):
+                    uid = users[label]
+                    old[label] = summarize(time_calls(
+                        query(conn, "SELECT sftq.queue_context_head(%s)", (users[label],)),
+                        reps=2, warmup=0))
+                results["queue_context_before"] = old
+            t0 = dataset.T0
+            analyst: dict[str, Any] = {}
+            for label, sql in ANALYST_QUERIES.items():
+                analyst[label] = summarize(time_calls(
+                    query(conn, sql, {"t0": t0}), reps=5 if b.quick else 10, warmup=1))
+            results["analyst"] = analyst
+            uid = users["user at the queue's tail"]
+            results["explain_queue_context_tail"] = _explain_func(
+                conn, f"SELECT sftq.queue_context({uid})")
+            results["explain_summary_typical"] = _explain_func(
+                conn, f"SELECT sftq.summary({TYPICAL})")
+    finally:
+        b.drop_db(dbname)
+
+    for label, r in results["per_user"].items():
+        s, q = r["summary"], r["queue_context"]
+        globals_only = label.startswith("idle")
+        b.add(SECTION, f"summary, {label} ({r['jobs']:,} jobs)", s["p50"], "ms",
+              goal="" if globals_only else "< 10",
+              ok=None if globals_only else s["p50"] < 10, note=f"p95 {s['p95']:.2f}")
+        b.add(SECTION, f"queue_context, {label}", q["p50"], "ms",
+              goal="< 5" if globals_only else "< 10",
+              ok=q["p50"] < (5 if globals_only else 10), note=f"p95 {q['p95']:.2f}")
+    for label, s in results.get("queue_context_before", {}).items():
+        b.add(SECTION, f"queue_context before this change, {label}", s["p50"], "ms",
+              note="git HEAD version: one count from the queue's start per listed job")
+    for label, s in results["analyst"].items():
+        b.add(SECTION, label, s["p50"], "ms", note=f"p95 {s['p95']:.1f}")
+
+
+def _explain_func(conn: psycopg.Connection[Any], sql: str) -> str:
+    from sec_admission import explain_nested
+
+    return explain_nested(conn, sql)
