@@ -16,11 +16,13 @@ Run it with `serve(host, port, settings)`, `python -m sftq_server.gateway`, or a
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
 import threading
 from collections.abc import Iterable
+from http import HTTPStatus
 from typing import Any
 
 from .api import ProviderFactory, make_analytics_api, make_jobs_api
@@ -104,6 +106,15 @@ def create_app() -> Gateway:
     return make_gateway(Settings.from_env())
 
 
+_SERVER_ERROR_CODES = {
+    400: "bad_request",
+    414: "uri_too_long",
+    431: "headers_too_large",
+    501: "not_implemented",
+    505: "http_version_not_supported",
+}
+
+
 def _quiet_handler() -> type[Any]:
     from werkzeug.serving import WSGIRequestHandler
 
@@ -111,6 +122,25 @@ def _quiet_handler() -> type[Any]:
         # sftq.access already writes one line per request; werkzeug's would double it.
         def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
             pass
+
+        def send_error(self, code: int, message: str | None = None,
+                       explain: str | None = None) -> None:
+            # Requests the HTTP server refuses before any function runs (a header line over
+            # 64 KiB, a request line it cannot parse, an unknown HTTP version) get the same
+            # JSON envelope as every other error, not http.server's HTML page.
+            status = HTTPStatus(code)
+            body = json.dumps({"error": message or status.phrase,
+                               "code": _SERVER_ERROR_CODES.get(code, "bad_request")}).encode()
+            if self.request_version == "HTTP/0.9":
+                self.request_version = "HTTP/1.0"  # answer with a status line all the same
+            self.close_connection = True
+            self.send_response(code, status.phrase)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
 
     return QuietHandler
 
