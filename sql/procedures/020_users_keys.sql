@@ -102,14 +102,16 @@ BEGIN
         RETURN NULL;
     END IF;
     -- Touch last_used_at at most once a minute: a write per request would cost every call.
-    IF v_last IS NULL OR v_last < p_now - interval '1 minute' THEN
+    -- Not at all in a read-only transaction: the analytics function may run on a replica.
+    IF (v_last IS NULL OR v_last < p_now - interval '1 minute')
+       AND NOT current_setting('transaction_read_only')::boolean THEN
         UPDATE sftq.api_keys SET last_used_at = p_now WHERE id = v_key_id;
     END IF;
     RETURN v_user;
 END
 $$;
 COMMENT ON FUNCTION sftq.authenticate(bytea, timestamptz) IS
-    'The user behind an active key of an enabled user, or NULL. Updates last_used_at at most once a minute (row lock on that key only).';
+    'The user behind an active key of an enabled user, or NULL. Updates last_used_at at most once a minute (row lock on that key only), and never in a read-only transaction (a replica).';
 
 CREATE OR REPLACE FUNCTION sftq._auth(p_key_hash bytea)
 RETURNS bigint

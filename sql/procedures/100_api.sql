@@ -2,32 +2,6 @@
 -- and answers the response body as JSON text, so the web layer does not re-shape rows.
 -- SECURITY DEFINER so the API's login role needs EXECUTE on these and nothing else.
 
--- Authentication for the read-only analytics entry points, which may run on a read replica
--- (ANALYTICS_DATABASE_URL): there sftq._auth's last_used_at touch would fail with 25006, so in
--- a read-only transaction the key is only looked up. On a primary it is plain sftq._auth.
-CREATE OR REPLACE FUNCTION sftq._auth_read(p_key_hash bytea)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_user bigint;
-BEGIN
-    IF current_setting('transaction_read_only')::boolean THEN
-        SELECT k.user_id INTO v_user
-          FROM sftq.api_keys k JOIN sftq.users u ON u.id = k.user_id
-         WHERE k.key_hash = p_key_hash AND k.revoked_at IS NULL AND u.disabled_at IS NULL;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION USING ERRCODE = 'SQ401', MESSAGE = 'missing, unknown or revoked API key';
-        END IF;
-        RETURN v_user;
-    END IF;
-    RETURN sftq._auth(p_key_hash);
-END
-$$;
-COMMENT ON FUNCTION sftq._auth_read(bytea) IS
-    'sftq._auth that also works in a read-only transaction (a replica): there it only looks the key up and does not touch last_used_at. SQ401 when the key is unknown or revoked.';
-
 CREATE OR REPLACE FUNCTION sftq.api_enqueue(
     p_key_hash         bytea,
     p_kind             text,
@@ -144,7 +118,7 @@ RETURNS json
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT sftq.queue_context(sftq._auth_read(p_key_hash))
+    SELECT sftq.queue_context(sftq._auth(p_key_hash))
 $$;
 
 CREATE OR REPLACE FUNCTION sftq.api_summary(p_key_hash bytea)
@@ -152,7 +126,7 @@ RETURNS json
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT sftq.summary(sftq._auth_read(p_key_hash))
+    SELECT sftq.summary(sftq._auth(p_key_hash))
 $$;
 
 CREATE OR REPLACE FUNCTION sftq.api_job_analytics(p_key_hash bytea, p_job_id uuid)
@@ -160,7 +134,7 @@ RETURNS json
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT sftq.job_analytics(sftq._auth_read(p_key_hash), p_job_id)
+    SELECT sftq.job_analytics(sftq._auth(p_key_hash), p_job_id)
 $$;
 
 CREATE OR REPLACE FUNCTION sftq.api_health()
@@ -181,3 +155,6 @@ COMMENT ON FUNCTION sftq.api_queue_context(bytea) IS 'GET /jobs/analytics/queue.
 COMMENT ON FUNCTION sftq.api_summary(bytea) IS 'GET /jobs/analytics/summary.';
 COMMENT ON FUNCTION sftq.api_job_analytics(bytea, uuid) IS 'GET /jobs/:id/analytics.';
 COMMENT ON FUNCTION sftq.api_health() IS 'Health probe: the database answers; when the last tick started.';
+
+-- Replaced by sftq.authenticate skipping its last_used_at touch in a read-only transaction.
+DROP FUNCTION IF EXISTS sftq._auth_read(bytea);
