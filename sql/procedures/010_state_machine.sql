@@ -105,7 +105,14 @@ BEGIN
        SET queued_count    = u.queued_count - (v_from = 'QUEUED')::int,
            running_count   = u.running_count + (p_to = 'PROGRESS')::int - (v_from = 'PROGRESS')::int,
            head_job_id     = CASE WHEN v_from = 'QUEUED' THEN v_next_id ELSE u.head_job_id END,
-           head_created_at = CASE WHEN v_from = 'QUEUED' THEN v_next_at ELSE u.head_created_at END
+           head_created_at = CASE WHEN v_from = 'QUEUED' THEN v_next_at ELSE u.head_created_at END,
+           succeeded_count = u.succeeded_count + (p_to = 'SUCCESS')::int,
+           failed_count    = u.failed_count + (p_to = 'FAIL')::int,
+           cancelled_count = u.cancelled_count + (p_to = 'CANCELLED')::int,
+           success_run_seconds = u.success_run_seconds + CASE WHEN p_to = 'SUCCESS'
+               THEN extract(epoch FROM v_job.completed_at - v_job.started_at) ELSE 0 END,
+           success_gpu_seconds = u.success_gpu_seconds + CASE WHEN p_to = 'SUCCESS'
+               THEN v_job.gpu_count * extract(epoch FROM v_job.completed_at - v_job.started_at) ELSE 0 END
      WHERE u.id = v_job.user_id;
 
     INSERT INTO sftq.job_events (job_id, at, actor, event, from_state, to_state, detail)

@@ -68,6 +68,9 @@ BEGIN
 
     UPDATE sftq.users u
        SET queued_count = u.queued_count + 1,
+           sft_count = u.sft_count + (p_kind = 'SFT')::int,
+           dpo_count = u.dpo_count + (p_kind = 'DPO')::int,
+           rft_count = u.rft_count + (p_kind = 'RFT')::int,
            head_job_id = CASE WHEN u.head_job_id IS NULL OR (u.head_created_at, u.head_job_id) > (v_created, v_id)
                               THEN v_id ELSE u.head_job_id END,
            head_created_at = CASE WHEN u.head_job_id IS NULL OR (u.head_created_at, u.head_job_id) > (v_created, v_id)

@@ -60,30 +60,27 @@ RETURNS json
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    WITH agg AS (
-        SELECT count(*) AS total,
-               count(*) FILTER (WHERE state = 'QUEUED') AS queued,
-               count(*) FILTER (WHERE state = 'PROGRESS') AS progress,
-               count(*) FILTER (WHERE state = 'SUCCESS') AS success,
-               count(*) FILTER (WHERE state = 'FAIL') AS fail,
-               count(*) FILTER (WHERE state = 'CANCELLED') AS cancelled,
-               count(*) FILTER (WHERE kind = 'SFT') AS sft,
-               count(*) FILTER (WHERE kind = 'DPO') AS dpo,
-               count(*) FILTER (WHERE kind = 'RFT') AS rft,
-               avg(extract(epoch FROM completed_at - started_at)) FILTER (WHERE state = 'SUCCESS') AS avg_run,
-               sum(gpu_count * extract(epoch FROM completed_at - started_at)) FILTER (WHERE state = 'SUCCESS') AS gpu_seconds
-          FROM sftq.jobs
-         WHERE user_id = p_user_id
+    -- From the user's counters (kept by enqueue and _transition), not from their jobs: the
+    -- cost does not grow with the user's history.
+    WITH a AS (
+        SELECT COALESCE(u.queued_count, 0) AS queued, COALESCE(u.running_count, 0) AS progress,
+               COALESCE(u.succeeded_count, 0) AS success, COALESCE(u.failed_count, 0) AS fail,
+               COALESCE(u.cancelled_count, 0) AS cancelled,
+               COALESCE(u.sft_count, 0) AS sft, COALESCE(u.dpo_count, 0) AS dpo,
+               COALESCE(u.rft_count, 0) AS rft,
+               COALESCE(u.success_run_seconds, 0) AS run_seconds,
+               COALESCE(u.success_gpu_seconds, 0) AS gpu_seconds
+          FROM (SELECT p_user_id AS id) x LEFT JOIN sftq.users u ON u.id = x.id
     )
     SELECT json_build_object(
-        'total', a.total,
+        'total', a.queued + a.progress + a.success + a.fail + a.cancelled,
         'by_state', json_build_object('QUEUED', a.queued, 'PROGRESS', a.progress, 'SUCCESS', a.success,
                                       'FAIL', a.fail, 'CANCELLED', a.cancelled),
         'by_kind', json_build_object('SFT', a.sft, 'DPO', a.dpo, 'RFT', a.rft),
         'success_rate', CASE WHEN a.success + a.fail + a.cancelled > 0
                              THEN round(a.success::numeric / (a.success + a.fail + a.cancelled), 3) END,
-        'avg_run_duration_seconds', round(a.avg_run)::bigint,
-        'total_gpu_hours', round(COALESCE(a.gpu_seconds, 0) / 3600, 3),
+        'avg_run_duration_seconds', CASE WHEN a.success > 0 THEN round(a.run_seconds / a.success)::bigint END,
+        'total_gpu_hours', round(a.gpu_seconds / 3600, 3),
         'recent_failures', COALESCE((
             SELECT json_agg(json_build_object('id', f.id, 'display_name', f.display_name, 'kind', f.kind,
                                               'gpu_count', f.gpu_count, 'error', f.error,
@@ -93,10 +90,10 @@ AS $$
                      WHERE j.user_id = p_user_id AND j.state = 'FAIL'
                      ORDER BY j.completed_at DESC, j.id DESC
                      LIMIT 10) f), '[]'::json))
-      FROM agg a
+      FROM a
 $$;
 COMMENT ON FUNCTION sftq.summary(bigint) IS
-    'Lifetime figures for the caller: total, by_state and by_kind (every key present), success_rate = SUCCESS/(SUCCESS+FAIL+CANCELLED) or null, avg_run_duration_seconds and total_gpu_hours over SUCCESS jobs, and the 10 newest FAIL jobs.';
+    'Lifetime figures for the caller: total, by_state and by_kind (every key present), success_rate = SUCCESS/(SUCCESS+FAIL+CANCELLED) or null, avg_run_duration_seconds and total_gpu_hours over SUCCESS jobs, and the 10 newest FAIL jobs. Reads the user''s counters and jobs_user_failed_idx only, so its cost does not grow with the user''s history. Reads only.';
 
 CREATE OR REPLACE FUNCTION sftq.job_analytics(p_user_id bigint, p_job_id uuid)
 RETURNS json

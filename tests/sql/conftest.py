@@ -113,3 +113,27 @@ def check_code(exc_info: pytest.ExceptionInfo[psycopg.Error], code: str) -> None
 
 def t(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
+
+
+# Users whose maintained counters disagree with their jobs (should always be none).
+COUNTER_DRIFT = """
+SELECT u.name FROM sftq.users u
+  LEFT JOIN (SELECT user_id,
+                    count(*) FILTER (WHERE state = 'QUEUED') AS queued,
+                    count(*) FILTER (WHERE state = 'PROGRESS') AS running,
+                    count(*) FILTER (WHERE state = 'SUCCESS') AS succeeded,
+                    count(*) FILTER (WHERE state = 'FAIL') AS failed,
+                    count(*) FILTER (WHERE state = 'CANCELLED') AS cancelled,
+                    count(*) FILTER (WHERE kind = 'SFT') AS sft,
+                    count(*) FILTER (WHERE kind = 'DPO') AS dpo,
+                    count(*) FILTER (WHERE kind = 'RFT') AS rft,
+                    COALESCE(sum(gpu_count * extract(epoch FROM completed_at - started_at))
+                             FILTER (WHERE state = 'SUCCESS'), 0) AS gpu_seconds
+               FROM sftq.jobs GROUP BY user_id) j ON j.user_id = u.id
+ WHERE (u.queued_count, u.running_count, u.succeeded_count, u.failed_count, u.cancelled_count,
+        u.sft_count, u.dpo_count, u.rft_count, u.success_gpu_seconds)
+       IS DISTINCT FROM
+       (COALESCE(j.queued, 0), COALESCE(j.running, 0), COALESCE(j.succeeded, 0),
+        COALESCE(j.failed, 0), COALESCE(j.cancelled, 0), COALESCE(j.sft, 0), COALESCE(j.dpo, 0),
+        COALESCE(j.rft, 0), COALESCE(j.gpu_seconds, 0))
+"""

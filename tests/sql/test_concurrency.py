@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from .conftest import Q
+from .conftest import COUNTER_DRIFT, Q
 
 LEGAL = {
     ("QUEUED", "PROGRESS"),
@@ -217,6 +217,7 @@ def test_random_interleavings_keep_cap_fifo_budget_and_transitions(db_url: str, 
     assert not violations, violations[:5]
     assert q.one("SELECT count(*) FROM sftq.job_events WHERE event = 'admitted'") > 10
 
+    assert q.all(COUNTER_DRIFT) == []
     # Invariant 5: every job's recorded path is a chain of legal transitions ending in its state.
     paths: dict[Any, list[tuple[str, str]]] = {}
     for job, frm, to in q.all(

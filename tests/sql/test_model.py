@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .conftest import Q, t
+from .conftest import COUNTER_DRIFT, Q, t
 
 USERS = ["a", "b", "c"]
 CAPS = {"a": 1, "b": 1, "c": 2}
@@ -130,3 +130,4 @@ def test_procedures_agree_with_the_model(q: Q, ops: list[tuple[Any, ...]]) -> No
                 assert q.one("SELECT sftq.complete_cancel(%s)", ids[i]) == "CANCELLED"
         states = dict(q.all("SELECT id, state FROM sftq.jobs"))
         assert [states[j] for j in ids] == [m.state for m in model.jobs], (step, o)
+    assert q.all(COUNTER_DRIFT) == []
