@@ -1,0 +1,175 @@
+"""The sftq client library and the user CLI against a live `sftq dev` stack (not mocks)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import SFT_PAYLOAD, DevStacks, clean_env, run_sftq
+
+from sftq_client import AsyncClient, Client, Conflict, Job, NotFound, Unauthorized
+
+
+class Live:
+    def __init__(self, values: dict[str, str], db_url: str) -> None:
+        self.values = values
+        self.db_url = db_url
+        self.http = httpx.Client(timeout=30)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return clean_env(SUPABASE_URL=self.values["SUPABASE_URL"],
+                         SFTQ_API_KEY=self.values["SFTQ_API_KEY"])
+
+    def client(self, key: str | None = None) -> Client:
+        return Client(api_key=key or self.values["SFTQ_API_KEY"],
+                      base_url=f"{self.values['SUPABASE_URL']}/functions/v1/jobs-api",
+                      max_retries=0)
+
+    def tick(self) -> dict[str, Any]:
+        r = self.http.post(f"{self.values['SUPABASE_URL']}/functions/v1/scheduler-tick",
+                           headers={"Authorization": f"Bearer {self.values['SFTQ_TICK_SECRET']}"})
+        assert r.status_code == 200, r.text
+        result: dict[str, Any] = r.json()
+        return result
+
+    def finish(self, job: Job, state: str, message: str | None = None) -> None:
+        assert job.fireworks_job_name
+        collection_and_id = job.fireworks_job_name.split("/", 2)[2]
+        body: dict[str, Any] = {"state": state}
+        if message:
+            body["message"] = message
+        r = self.http.post(f"{self.values['SIMULATOR_URL']}/_sim/jobs/{collection_and_id}:finish",
+                           json=body)
+        assert r.status_code == 200, r.text
+
+    def other_key(self, name: str) -> str:
+        created = run_sftq("admin", "create-user", name, "--database-url", self.db_url)
+        assert created.returncode == 0, created.stderr
+        issued = run_sftq("admin", "issue-key", name, "--database-url", self.db_url)
+        assert issued.returncode == 0, issued.stderr
+        return issued.stdout.strip()
+
+
+@pytest.fixture
+def live(stacks: DevStacks, db_url: str) -> Iterator[Live]:
+    dev = stacks.start(database_url=db_url, tick_interval=0, job_seconds=0)
+    stack = Live(dev.wait_ready(), db_url)
+    try:
+        yield stack
+    finally:
+        stack.http.close()
+
+
+def test_client_full_lifecycle(live: Live) -> None:
+    seen: list[str] = []
+    with live.client() as sftq:
+        first = sftq.submit("SFT", SFT_PAYLOAD, display_name="live", gpu_count=4,
+                            idempotency_key="live-1")
+        again = sftq.submit("SFT", SFT_PAYLOAD, display_name="live", gpu_count=4,
+                            idempotency_key="live-1")
+        assert again.id == first.id and first.state == "QUEUED"
+        with pytest.raises(Conflict):
+            sftq.submit("SFT", SFT_PAYLOAD, display_name="changed", idempotency_key="live-1")
+        queued = [sftq.submit("DPO", {"dataset": f"d{i}"}).id for i in range(3)]
+
+        assert [j.id for j in sftq.iter_jobs(page_size=2)] == [*reversed(queued), first.id]
+        page = sftq.list_jobs(limit=2)
+        assert len(page.items) == 2 and page.next_cursor
+        assert [j.id for j in sftq.list_jobs(kind="DPO").items] == list(reversed(queued))
+
+        cancelled = sftq.cancel(queued[-1])
+        assert cancelled.state == "CANCELLED" and not cancelled.pending
+        with pytest.raises(Conflict):
+            sftq.cancel(queued[-1])
+
+        assert [str(j) for j in live.tick()["admitted"]] == [str(first.id)]
+        running = sftq.get(first.id)
+        assert running.state == "PROGRESS" and running.fireworks_job_name
+        ctx = sftq.queue_context()
+        assert ctx.your_progress_job is not None and ctx.your_progress_job.id == first.id
+        assert [j.id for j in ctx.your_queued_jobs] == queued[:2]
+
+        live.finish(running, "JOB_STATE_COMPLETED")
+        live.tick()
+        done = sftq.wait(first.id, poll_interval=0.05, timeout=30,
+                         on_progress=lambda job: seen.append(job.state))
+        assert done.state == "SUCCESS" and seen[-1] == "SUCCESS"
+        detail = sftq.job_analytics(first.id)
+        assert detail.state == "SUCCESS" and detail.run_duration_seconds is not None
+        summary = sftq.summary()
+        assert summary.by_state["SUCCESS"] == 1 and summary.by_state["CANCELLED"] == 1
+        assert summary.total == 4 and summary.success_rate == 0.5
+
+
+def test_client_errors_and_isolation(live: Live) -> None:
+    with live.client() as mine:
+        job = mine.submit("RFT", {"dataset": "d", "evaluator": "e"})
+    with live.client(live.other_key("mallory")) as theirs:
+        for call in (theirs.get, theirs.cancel, theirs.job_analytics):
+            with pytest.raises(NotFound):
+                call(job.id)
+    with live.client("sftq_" + "0" * 48) as nobody, pytest.raises(Unauthorized):
+        nobody.list_jobs()
+
+
+def test_async_client_against_the_stack(live: Live) -> None:
+    async def run() -> tuple[str, str, int]:
+        async with AsyncClient(api_key=live.values["SFTQ_API_KEY"],
+                               base_url=f"{live.values['SUPABASE_URL']}/functions/v1/jobs-api",
+                               max_retries=0) as sftq:
+            job = await sftq.submit("SFT", SFT_PAYLOAD)
+            got = await sftq.get(job.id)
+            cancelled = await sftq.cancel(job.id)
+            summary = await sftq.summary()
+            return got.state, cancelled.state, summary.total
+
+    assert asyncio.run(run()) == ("QUEUED", "CANCELLED", 1)
+
+
+def test_cli_against_the_stack(live: Live, tmp_path: Path) -> None:
+    payload = tmp_path / "payload.json"
+    payload.write_text(json.dumps(SFT_PAYLOAD))
+    env = live.env
+
+    sub = run_sftq("submit", "--kind", "SFT", "--payload", str(payload), "--display-name", "cli",
+                   "--json", env=env)
+    assert sub.returncode == 0, sub.stderr
+    job_id = json.loads(sub.stdout)["id"]
+
+    listed = run_sftq("list", "--json", env=env)
+    assert listed.returncode == 0 and [j["id"] for j in json.loads(listed.stdout)] == [job_id]
+    table = run_sftq("list", env=env)
+    assert table.returncode == 0 and job_id in table.stdout and "QUEUED" in table.stdout
+
+    missing = run_sftq("get", "00000000-0000-0000-0000-000000000000", env=env)
+    assert missing.returncode == 4 and "not found" in missing.stderr.lower()
+    bad_key = run_sftq("list", env=clean_env(SUPABASE_URL=live.values["SUPABASE_URL"],
+                                             SFTQ_API_KEY="sftq_" + "1" * 48))
+    assert bad_key.returncode == 3, bad_key.stderr
+
+    live.tick()
+    job = live.client().get(job_id)
+    live.finish(job, "JOB_STATE_FAILED", "loss went to NaN")
+    live.tick()
+    failed = run_sftq("wait", job_id, "--interval", "0.1", env=env)
+    assert failed.returncode == 10, failed.stderr
+    again = run_sftq("cancel", job_id, env=env)
+    assert again.returncode == 5 and "FAIL" in again.stderr
+
+    other = run_sftq("submit", "--kind", "DPO", "--payload", str(payload), "--json", env=env)
+    other_id = json.loads(other.stdout)["id"]
+    assert run_sftq("cancel", other_id, env=env).returncode == 0
+    assert run_sftq("wait", other_id, "--interval", "0.1", env=env).returncode == 11
+
+    summary = run_sftq("analytics", "summary", "--json", env=env)
+    assert summary.returncode == 0
+    data = json.loads(summary.stdout)
+    assert data["by_state"]["FAIL"] == 1 and data["recent_failures"][0]["error"] == "loss went to NaN"
+    queue = run_sftq("analytics", "queue", "--json", env=env)
+    assert queue.returncode == 0 and "global_queue_depth" in json.loads(queue.stdout)
