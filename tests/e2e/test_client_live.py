@@ -170,6 +170,7 @@ def test_cli_against_the_stack(live: Live, tmp_path: Path) -> None:
     summary = run_sftq("analytics", "summary", "--json", env=env)
     assert summary.returncode == 0
     data = json.loads(summary.stdout)
-    assert data["by_state"]["FAIL"] == 1 and data["recent_failures"][0]["error"] == "loss went to NaN"
+    assert data["by_state"]["FAIL"] == 1
+    assert data["recent_failures"][0]["error"] == "loss went to NaN"
     queue = run_sftq("analytics", "queue", "--json", env=env)
     assert queue.returncode == 0 and "global_queue_depth" in json.loads(queue.stdout)
