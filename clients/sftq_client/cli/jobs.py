@@ -1,0 +1,252 @@
+"""``sftq submit | list | get | cancel | wait``: one's own jobs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from itertools import islice
+from typing import Any, Final, TextIO
+
+from ..models import KINDS, STATES, CancelResult, Job
+from ._common import (
+    EXIT_OK,
+    CommandFactory,
+    Context,
+    UsageError,
+    add_json,
+    add_wait_options,
+    err,
+    exit_for_job,
+    fmt_duration,
+    fmt_time,
+    out,
+    positive_int,
+    print_job,
+    print_json,
+    table,
+    upper_choice,
+)
+
+
+def _read_payload(path: str, kind: str) -> dict[str, Any]:
+    label = "stdin" if path == "-" else path
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read payload file {label}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"payload file {label} is not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"payload {label} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    if not isinstance(data, dict):
+        raise UsageError(
+            f"payload {label} must hold a JSON object (the Fireworks request body), "
+            f"not a JSON {type(data).__name__}"
+        )
+    if "fireworks_payload" in data:
+        # The contract's curl examples show the whole envelope; people copy it. Sending it as-is
+        # would nest the envelope inside fireworks_payload and fail later, at Fireworks.
+        source = "FILE" if path == "-" else path
+        raise UsageError(
+            f"payload {label} holds a whole request body ({{kind, fireworks_payload, ...}}), but "
+            "--payload takes only the Fireworks request body that goes inside fireworks_payload; "
+            "kind, display name and GPU count are flags. Extract it, e.g.:\n"
+            f"  jq .fireworks_payload {source} | sftq submit --kind {kind} --payload -"
+        )
+    return data
+
+
+class _Progress:
+    """wait()'s on_progress: one rewritten status line on a terminal, else a line per change."""
+
+    def __init__(self, stream: TextIO, tty: bool) -> None:
+        self._stream = stream
+        self._tty = tty
+        self._started = time.monotonic()
+        self._last_state: str | None = None
+        self._dirty = False
+
+    def __call__(self, job: Job) -> None:
+        if self._tty:
+            elapsed = fmt_duration(time.monotonic() - self._started)
+            self._stream.write(f"\r\x1b[K{job.id}  {job.state}  (waiting {elapsed})")
+            self._stream.flush()
+            self._dirty = True
+        elif job.state != self._last_state:
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            self._stream.write(f"{now} {job.id} {job.state}\n")
+            self._stream.flush()
+        self._last_state = job.state
+
+    def close(self) -> None:
+        if self._dirty:
+            self._stream.write("\n")
+            self._stream.flush()
+            self._dirty = False
+
+
+def _wait_and_report(
+    ctx: Context, job_id: str, *, interval: float, timeout: float | None, as_json: bool
+) -> int:
+    progress = _Progress(sys.stderr, ctx.stderr_tty)
+    try:
+        job = ctx.client.wait(
+            job_id,
+            poll_interval=interval,
+            max_interval=max(60.0, interval),
+            timeout=timeout,
+            on_progress=progress,
+        )
+    finally:
+        progress.close()
+    print_job(job, as_json)
+    return exit_for_job(job)
+
+
+def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
+    payload = _read_payload(args.payload, args.kind)
+    result = ctx.client.submit(
+        args.kind,
+        payload,
+        display_name=args.display_name,
+        gpu_count=args.gpu_count,
+        idempotency_key=args.idempotency_key,
+    )
+    if args.wait:
+        # The id goes to stderr first so it is not lost if the wait is interrupted.
+        err(f"queued {result.id} ({result.kind}); waiting for it to finish")
+        return _wait_and_report(
+            ctx, result.id, interval=args.interval, timeout=args.timeout, as_json=args.json
+        )
+    if args.json:
+        print_json(result)
+    else:
+        out(f"queued {result.id} ({result.kind}) at {fmt_time(result.created_at)}")
+        out(f"follow it with: sftq wait {result.id}")
+    return EXIT_OK
+
+
+_JOB_COLUMNS: Final = ("ID", "KIND", "STATE", "GPUS", "CREATED", "STARTED", "COMPLETED", "NAME")
+
+
+def _job_row(job: Job) -> list[object]:
+    return [
+        job.id,
+        job.kind,
+        job.state,
+        job.gpu_count,
+        job.created_at,
+        job.started_at,
+        job.completed_at,
+        job.display_name,
+    ]
+
+
+def _cmd_list(args: argparse.Namespace, ctx: Context) -> int:
+    more = False
+    if args.all or args.limit is not None:
+        # Only --all and --limit page: a plain `sftq list` is one request, like the contract's curl.
+        page_size = 500 if args.limit is None else min(args.limit, 1000)
+        jobs_iter = ctx.client.iter_jobs(state=args.state, kind=args.kind, page_size=page_size)
+        jobs = list(jobs_iter if args.limit is None else islice(jobs_iter, args.limit))
+    else:
+        page = ctx.client.list_jobs(state=args.state, kind=args.kind)
+        jobs, more = page.items, page.has_more
+    if args.json:
+        print_json(jobs)
+    elif jobs:
+        out(table(_JOB_COLUMNS, [_job_row(j) for j in jobs]))
+    else:
+        out("no jobs")
+    if more:
+        err(f"showing the newest {len(jobs)} jobs; more exist: use --all or --limit N")
+    return EXIT_OK
+
+
+def _cmd_get(args: argparse.Namespace, ctx: Context) -> int:
+    print_job(ctx.client.get(args.job_id), args.json)
+    return EXIT_OK
+
+
+def _cmd_cancel(args: argparse.Namespace, ctx: Context) -> int:
+    result: CancelResult = ctx.client.cancel(args.job_id)
+    if args.json:
+        print_json(result)
+    elif result.pending:
+        why = result.message or "the scheduler finishes the cancel at its next tick"
+        out(f"cancel requested for {result.id} (still {result.state}): {why}")
+    else:
+        out(f"cancelled {result.id}")
+    return EXIT_OK
+
+
+def _cmd_wait(args: argparse.Namespace, ctx: Context) -> int:
+    return _wait_and_report(
+        ctx, args.job_id, interval=args.interval, timeout=args.timeout, as_json=args.json
+    )
+
+
+def register(command: CommandFactory) -> None:
+    p = command("submit", "enqueue a fine-tuning job")
+    p.add_argument("--kind", required=True, type=upper_choice(KINDS), help="SFT, DPO or RFT")
+    p.add_argument(
+        "--payload",
+        required=True,
+        metavar="FILE",
+        help="JSON file holding the Fireworks request body (the fireworks_payload object); "
+        "- reads stdin",
+    )
+    p.add_argument("--display-name", metavar="NAME", help="name shown in list and status output")
+    p.add_argument(
+        "--gpu-count",
+        type=int,
+        metavar="N",
+        help="GPUs the job will use, for admission (server default 4)",
+    )
+    p.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="reuse KEY to make re-running this exact command safe (default: a fresh UUID)",
+    )
+    p.add_argument("--wait", action="store_true", help="then wait for the job like `sftq wait`")
+    add_wait_options(p)
+    add_json(p)
+    p.set_defaults(handler=_cmd_submit)
+
+    p = command("list", "list your jobs, newest first")
+    p.add_argument("--state", type=upper_choice(STATES), help="only jobs in this state")
+    p.add_argument("--kind", type=upper_choice(KINDS), help="only jobs of this kind")
+    amount = p.add_mutually_exclusive_group()
+    amount.add_argument(
+        "--limit", type=positive_int, metavar="N", help="show at most N jobs (pages as needed)"
+    )
+    amount.add_argument("--all", action="store_true", help="show every job (follows all pages)")
+    add_json(p)
+    p.set_defaults(handler=_cmd_list)
+
+    p = command("get", "show one job")
+    p.add_argument("job_id", metavar="ID")
+    add_json(p)
+    p.set_defaults(handler=_cmd_get)
+
+    p = command("cancel", "cancel a queued or running job")
+    p.add_argument("job_id", metavar="ID")
+    add_json(p)
+    p.set_defaults(handler=_cmd_cancel)
+
+    p = command("wait", "wait until a job is SUCCESS, FAIL or CANCELLED")
+    p.add_argument("job_id", metavar="ID")
+    add_wait_options(p)
+    add_json(p)
+    p.set_defaults(handler=_cmd_wait)
