@@ -29,6 +29,7 @@ GRANT SELECT, INSERT, UPDATE ON sftq.job_events, sftq.scheduler_ticks TO sftq_sc
 GRANT EXECUTE ON FUNCTION
     sftq._gate(boolean), sftq._iso(timestamptz), sftq.is_legal_transition(text, text),
     sftq._jobs_guard(),
+    sftq._event(uuid, timestamptz, text, text, text, jsonb, text, text),
     sftq._transition(uuid, text, timestamptz, text, text, jsonb, text),
     sftq._admit(integer, timestamptz, jsonb),
     sftq.admit(integer, timestamptz),

@@ -115,8 +115,7 @@ BEGIN
                THEN v_job.gpu_count * extract(epoch FROM v_job.completed_at - v_job.started_at) ELSE 0 END
      WHERE u.id = v_job.user_id;
 
-    INSERT INTO sftq.job_events (job_id, at, actor, event, from_state, to_state, detail)
-    VALUES (p_job_id, p_now, p_actor, p_event, v_from, p_to, p_detail);
+    PERFORM sftq._event(p_job_id, p_now, p_actor, p_event, p_to, p_detail, v_from, p_to);
     RETURN v_job;
 END
 $$;

@@ -18,6 +18,7 @@ DECLARE
     v_hash     bytea;
     v_old      sftq.jobs;
     v_gpus     integer := COALESCE(p_gpu_count, 4);
+    v_name     text;
 BEGIN
     IF p_kind IS NULL OR p_kind NOT IN ('SFT', 'DPO', 'RFT') THEN
         RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'kind must be one of SFT, DPO, RFT';
@@ -75,13 +76,15 @@ BEGIN
                               THEN v_id ELSE u.head_job_id END,
            head_created_at = CASE WHEN u.head_job_id IS NULL OR (u.head_created_at, u.head_job_id) > (v_created, v_id)
                                   THEN v_created ELSE u.head_created_at END
-     WHERE u.id = p_user_id AND u.disabled_at IS NULL;
+     WHERE u.id = p_user_id AND u.disabled_at IS NULL
+    RETURNING u.name INTO v_name;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'SQ401', MESSAGE = 'user not found or disabled';
     END IF;
+    PERFORM sftq._event(v_id, v_created, 'user:' || v_name, 'queued', 'QUEUED');
 
     RETURN QUERY SELECT v_id, p_kind, 'QUEUED'::text, v_created, false;
 END
 $$;
 COMMENT ON FUNCTION sftq.enqueue(bigint, text, jsonb, text, integer, text, timestamptz) IS
-    'Adds a QUEUED job. With an idempotency key, the same key and body returns the first job (replayed = true); a different body raises SQ419. Locking contract: admission gate (shared), the new job row, then the owner''s user row (to keep queued_count and the head).';
+    'Adds a QUEUED job. With an idempotency key, the same key and body returns the first job (replayed = true); a different body raises SQ419. Writes the job''s first event (queued). Locking contract: admission gate (shared), the new job row, then the owner''s user row (to keep queued_count and the head).';

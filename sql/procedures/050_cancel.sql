@@ -27,9 +27,9 @@ BEGIN
     ELSIF v_job.state = 'PROGRESS' THEN
         IF v_job.cancel_requested_at IS NULL THEN
             UPDATE sftq.jobs j SET cancel_requested_at = p_now WHERE j.id = p_job_id;
-            INSERT INTO sftq.job_events (job_id, at, actor, event, from_state, to_state, detail)
-            VALUES (p_job_id, p_now, v_actor, 'cancel_requested', 'PROGRESS', NULL,
-                    jsonb_build_object('submitted', v_job.submitted_at IS NOT NULL));
+            PERFORM sftq._event(p_job_id, p_now, v_actor, 'cancel_requested', 'PROGRESS',
+                                jsonb_build_object('submitted', v_job.submitted_at IS NOT NULL),
+                                'PROGRESS');
         END IF;
         RETURN QUERY SELECT v_job.id, v_job.kind, v_job.state,
             CASE WHEN v_job.submitted_at IS NULL THEN 'deferred'

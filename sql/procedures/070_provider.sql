@@ -40,10 +40,10 @@ BEGIN
                provider_state = COALESCE(p_provider_state, provider_state),
                provider_state_at = p_now, last_submit_error = NULL
          WHERE id = p_job_id;
-        INSERT INTO sftq.job_events (job_id, at, actor, event, from_state, to_state, detail)
-        VALUES (p_job_id, p_now, 'scheduler', 'submitted', v_job.state, NULL,
+        PERFORM sftq._event(p_job_id, p_now, 'scheduler', 'submitted', v_job.state,
                 jsonb_build_object('fireworks_job_name', p_job_name, 'provider_state', p_provider_state,
-                                   'adopted_existing', p_adopted, 'attempt', v_job.submit_attempts + 1));
+                                   'adopted_existing', p_adopted, 'attempt', v_job.submit_attempts + 1),
+                v_job.state);
     END IF;
     -- A cancel that arrived while the create was in flight: the caller must stop the
     -- provider job right away.
@@ -82,8 +82,7 @@ BEGIN
         -- The job keeps its place (PROGRESS) and its provider id; the next tick retries.
         UPDATE sftq.jobs SET submit_attempts = submit_attempts + 1, last_submit_error = p_error
          WHERE id = p_job_id;
-        INSERT INTO sftq.job_events (job_id, at, actor, event, detail)
-        VALUES (p_job_id, p_now, 'scheduler', 'submit_retry',
+        PERFORM sftq._event(p_job_id, p_now, 'scheduler', 'submit_retry', v_job.state,
                 jsonb_build_object('error', left(p_error, 2000), 'attempt', v_job.submit_attempts + 1));
         RETURN 'PROGRESS';
     END IF;
@@ -130,8 +129,7 @@ BEGIN
         -- Still running (any other or unknown state): note it when it changed.
         IF v_job.provider_state IS DISTINCT FROM v_state THEN
             UPDATE sftq.jobs SET provider_state = v_state, provider_state_at = p_now WHERE id = p_job_id;
-            INSERT INTO sftq.job_events (job_id, at, actor, event, detail)
-            VALUES (p_job_id, p_now, 'scheduler', 'provider_state',
+            PERFORM sftq._event(p_job_id, p_now, 'scheduler', 'provider_state', v_job.state,
                     jsonb_build_object('from', v_job.provider_state, 'to', v_state));
         END IF;
         RETURN v_job.state;

@@ -35,7 +35,7 @@ COMMENT ON COLUMN sftq.analyst_jobs.fireworks_payload IS 'The Fireworks body wit
 
 CREATE OR REPLACE VIEW sftq.analyst_job_events AS
 SELECT e.id, e.job_id, u.name AS user_name, j.kind, e.at, e.actor, e.event,
-       e.from_state, e.to_state, e.detail
+       e.from_state, e.to_state, e.detail, e.state
   FROM sftq.job_events e
   JOIN sftq.jobs j ON j.id = e.job_id
   JOIN sftq.users u ON u.id = j.user_id;

@@ -143,9 +143,14 @@ def test_transitions_set_timestamps_and_write_events(q: Q) -> None:
     row = q.job(job)
     assert row["completed_at"] == t(100)
     assert q.events(job) == [
+        ("queued", None, None),
         ("admitted", "QUEUED", "PROGRESS"),
         ("submitted", "PROGRESS", None),
         ("succeeded", "PROGRESS", "SUCCESS"),
+    ]
+    # Every row says the job's state right after it; the history starts at enqueue.
+    assert q.all("SELECT state, at FROM sftq.job_events WHERE job_id = %s ORDER BY id", job) == [
+        ("QUEUED", t(0)), ("PROGRESS", t(10)), ("PROGRESS", t(11)), ("SUCCESS", t(100))
     ]
     assert q.all("SELECT running_count, queued_count, head_job_id FROM sftq.users") == [
         (0, 0, None)
@@ -272,6 +277,7 @@ def test_cancel_progress_names_the_provider_call(q: Q, kind: str, action: str) -
     assert q.one("SELECT sftq.complete_cancel(%s)", job) == "CANCELLED"
     assert q.one("SELECT sftq.complete_cancel(%s)", job) == "CANCELLED"  # idempotent
     assert [e[0] for e in q.events(job)] == [
+        "queued",
         "admitted",
         "submitted",
         "cancel_requested",
