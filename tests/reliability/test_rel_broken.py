@@ -170,8 +170,8 @@ def test_stuck_check_catches_a_failed_submission_that_leaves_no_trace(
         load_broken(db_url, *SUBMIT_ERROR,
                     "        UPDATE sftq.jobs SET submit_attempts = submit_attempts + 1, "
                     "last_submit_error = p_error\n         WHERE id = p_job_id;\n"
-                    "        INSERT INTO sftq.job_events (job_id, at, actor, event, detail)\n"
-                    "        VALUES (p_job_id, p_now, 'scheduler', 'submit_retry',\n"
+                    "        PERFORM sftq._event(p_job_id, p_now, 'scheduler', 'submit_retry', "
+                    "v_job.state,\n"
                     "                jsonb_build_object('error', left(p_error, 2000), "
                     "'attempt', v_job.submit_attempts + 1));\n", "")
     # Three jobs, so that their failures (three in a row) stay below the tick's breaker.
