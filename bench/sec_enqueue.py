@@ -299,7 +299,8 @@ def _noadm_variant(conn: psycopg.Connection[Any]) -> None:
     on QUEUED jobs that exist for admission (jobs_user_queued_idx, jobs_queued_idx). The
     function is sftq.enqueue's own text minus the admission gate and with the users UPDATE
     (queued_count and head) replaced by the read that check still needs (the user exists and
-    is enabled). Validation, hashing, the insert and the answer are untouched.
+    is enabled). Validation, hashing, the inserts (the job and its first event) and the answer
+    are untouched.
     """
     conn.execute("CREATE TABLE sftq.jobs_noadm (LIKE sftq.jobs INCLUDING DEFAULTS "
                  "INCLUDING CONSTRAINTS INCLUDING INDEXES)")
@@ -313,6 +314,11 @@ def _noadm_variant(conn: psycopg.Connection[Any]) -> None:
     full = conn.execute("SELECT count(*) FROM pg_indexes WHERE schemaname = 'sftq' "
                         "AND tablename = 'jobs'").fetchone()
     assert left and full and left[0] == full[0] - 2, (left, full)
+    # The job's first history row stays in the variant (it is not admission bookkeeping); it
+    # goes to a copy of the event log whose job ids point at the copy of the jobs table.
+    conn.execute("CREATE TABLE sftq.job_events_noadm (LIKE sftq.job_events INCLUDING ALL)")
+    conn.execute("ALTER TABLE sftq.job_events_noadm "
+                 "ADD FOREIGN KEY (job_id) REFERENCES sftq.jobs_noadm (id)")
     row = conn.execute("SELECT pg_get_functiondef('sftq.enqueue(bigint, text, jsonb, text, "
                        "integer, text, timestamptz)'::regprocedure)").fetchone()
     assert row is not None
@@ -323,8 +329,12 @@ def _noadm_variant(conn: psycopg.Connection[Any]) -> None:
         (r"INSERT INTO sftq\.jobs AS j", "INSERT INTO sftq.jobs_noadm AS j"),
         (r"FROM sftq\.jobs j\b", "FROM sftq.jobs_noadm j"),
         (r"UPDATE sftq\.users u\s+SET queued_count.*?"
-         r"WHERE u\.id = p_user_id AND u\.disabled_at IS NULL;",
-         "PERFORM 1 FROM sftq.users u WHERE u.id = p_user_id AND u.disabled_at IS NULL;"),
+         r"WHERE u\.id = p_user_id AND u\.disabled_at IS NULL\s+RETURNING u\.name INTO v_name;",
+         "SELECT u.name INTO v_name FROM sftq.users u "
+         "WHERE u.id = p_user_id AND u.disabled_at IS NULL;"),
+        (r"PERFORM sftq\._event\(v_id, v_created, (.*?), 'queued', 'QUEUED'\);",
+         r"INSERT INTO sftq.job_events_noadm (job_id, at, actor, event, state) "
+         r"VALUES (v_id, v_created, \1, 'queued', 'QUEUED');"),
     ]
     for pattern, repl in steps:
         src, count = re.subn(pattern, repl, src, flags=re.S)
