@@ -92,6 +92,10 @@ class Reader:
                 self.status = source.response.status_code
                 self.content_type = source.response.headers.get("content-type")
                 for event in source.iter_sse():
+                    if event.event == "message" and not event.data:
+                        # httpx-sse dispatches the blank line after a `: ping` comment once an
+                        # id was seen (the spec says not to): a heartbeat, not a frame.
+                        continue
                     with self._changed:
                         self.events.append(event)
                         self._changed.notify_all()
