@@ -74,7 +74,8 @@ class Gateway:
     def _jobs_app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD") in ("GET", "HEAD") and parse_stream_path(
                 environ.get("PATH_INFO", "") or "") is not False:
-            return self._stream_app()(environ, start_response)
+            body: Iterable[bytes] = self._stream_app()(environ, start_response)
+            return body
         return self._jobs_wsgi(environ, start_response)
 
     def _stream_app(self) -> Any:

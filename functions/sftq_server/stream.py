@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,7 +175,7 @@ class Stream:
         self.finish(_CLOSE)
 
     # -- drained by the front ------------------------------------------------------------
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         settings = self.hub.settings
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.max_seconds
@@ -413,10 +414,8 @@ class StreamHub:
                 s.close()
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
 
 
 # -- request handling shared by both fronts -------------------------------------------------
@@ -492,9 +491,10 @@ class StreamApp:
             response = _error(request, exc)
             route = "-" if parse_stream_path(request.path) is False else request.path
             _log(request, route, response.status, started)
+            length = ("Content-Length", str(len(response.body)))
             await send({"type": "http.response.start", "status": response.status,
-                        "headers": [(k.encode(), v.encode()) for k, v in
-                                    [*response.headers, ("Content-Length", str(len(response.body)))]]})
+                        "headers": [(k.encode(), v.encode())
+                                    for k, v in [*response.headers, length]]})
             await send({"type": "http.response.body", "body": response.body})
             return
         stream = opened.stream
@@ -590,10 +590,8 @@ class WsgiStreams:
         if loop is None:
             return
         if hub is not None:
-            try:
+            with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
                 asyncio.run_coroutine_threadsafe(hub.aclose(), loop).result(5)
-            except (concurrent.futures.TimeoutError, RuntimeError):
-                pass
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join(5)
@@ -617,7 +615,11 @@ class _WsgiBody(Iterator[bytes]):
     def __next__(self) -> bytes:
         if self._closed:
             raise StopIteration
-        future = asyncio.run_coroutine_threadsafe(self._chunks.__anext__(), self._loop)
+        async def step() -> bytes:
+            return await self._chunks.__anext__()
+
+        future: concurrent.futures.Future[bytes] = asyncio.run_coroutine_threadsafe(
+            step(), self._loop)
         try:
             return future.result()
         except StopAsyncIteration:
@@ -633,10 +635,9 @@ class _WsgiBody(Iterator[bytes]):
             stream.close()
             await self._chunks.aclose()
 
-        try:
+        # A loop that is stopping has nothing left to close.
+        with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(finish(), self._loop).result(5)
-        except Exception:  # the loop is stopping: nothing left to close
-            pass
         _log(self._request, self._opened.route, 200, self._started, stream.frames_sent)
 
 
