@@ -595,6 +595,8 @@ class WsgiStreams:
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join(5)
+        if not loop.is_running():
+            loop.close()
 
 
 class _WsgiBody(Iterator[bytes]):
@@ -635,9 +637,15 @@ class _WsgiBody(Iterator[bytes]):
             stream.close()
             await self._chunks.aclose()
 
-        # A loop that is stopping has nothing left to close.
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(finish(), self._loop).result(5)
+        # A loop that has stopped has nothing left to close.
+        if self._loop.is_running():
+            coro = finish()
+            try:
+                asyncio.run_coroutine_threadsafe(coro, self._loop).result(5)
+            except RuntimeError:
+                coro.close()
+            except Exception:  # noqa: S110 (the stream is going away either way)
+                pass
         _log(self._request, self._opened.route, 200, self._started, stream.frames_sent)
 
 
