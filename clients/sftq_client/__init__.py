@@ -10,6 +10,7 @@ with Client() as sftq:  # SFTQ_API_KEY and SFTQ_API_URL / SUPABASE_URL from the 
 from __future__ import annotations
 
 from ._client import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, AsyncClient, Client
+from ._stream import StreamUnavailable
 from ._version import __version__
 from .errors import (
     APIConnectionError,
@@ -31,18 +32,25 @@ from .models import (
     STATES,
     TERMINAL_STATES,
     CancelResult,
+    EndEvent,
     Job,
     JobAnalytics,
     JobPage,
     Kind,
+    Progress,
+    ProgressEvent,
     ProgressJob,
     QueueContext,
     QueuedJob,
+    QueueEvent,
     RecentFailure,
     State,
+    StatusEvent,
+    StreamEvent,
     SubmitResult,
     Summary,
     Timeline,
+    WaitingReason,
 )
 
 __all__ = [
@@ -58,14 +66,18 @@ __all__ = [
     "Client",
     "ConfigurationError",
     "Conflict",
+    "EndEvent",
     "Job",
     "JobAnalytics",
     "JobPage",
     "Kind",
     "NotFound",
     "PayloadTooLarge",
+    "Progress",
+    "ProgressEvent",
     "ProgressJob",
     "QueueContext",
+    "QueueEvent",
     "QueuedJob",
     "RateLimited",
     "RecentFailure",
@@ -73,11 +85,15 @@ __all__ = [
     "ServiceUnavailable",
     "SftqError",
     "State",
+    "StatusEvent",
+    "StreamEvent",
+    "StreamUnavailable",
     "SubmitResult",
     "Summary",
     "Timeline",
     "Timeout",
     "Unauthorized",
     "WaitTimeout",
+    "WaitingReason",
     "__version__",
 ]

@@ -99,17 +99,11 @@ class _Progress:
 def _wait_and_report(
     ctx: Context, job_id: str, *, interval: float, timeout: float | None, as_json: bool
 ) -> int:
-    progress = _Progress(sys.stderr, ctx.stderr_tty)
-    try:
-        job = ctx.client.wait(
-            job_id,
-            poll_interval=interval,
-            max_interval=max(60.0, interval),
-            timeout=timeout,
-            on_progress=progress,
-        )
-    finally:
-        progress.close()
+    # Through the job's stream (each change within about a second), polling where the server
+    # does not stream (sftq_client.cli.watch.wait_live).
+    from .watch import wait_live
+
+    job = wait_live(ctx, job_id, interval=interval, timeout=timeout)
     print_job(job, as_json)
     return exit_for_job(job)
 
