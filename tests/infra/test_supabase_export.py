@@ -31,7 +31,8 @@ CATALOG = {
                    FROM pg_class c
                   WHERE c.relnamespace IN ('sftq'::regnamespace, 'sftq_migrations'::regnamespace)
                     AND c.relkind IN ('r', 'p', 'v', 'm', 'S')""",
-    "columns": """SELECT a.attrelid::regclass::text, a.attname, format_type(a.atttypid, a.atttypmod),
+    "columns": """SELECT a.attrelid::regclass::text, a.attname,
+                         format_type(a.atttypid, a.atttypmod),
                          a.attnotnull, a.attidentity, pg_get_expr(d.adbin, d.adrelid),
                          a.attnum, col_description(a.attrelid, a.attnum)
                     FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
@@ -40,7 +41,8 @@ CATALOG = {
                      AND a.attnum > 0 AND NOT a.attisdropped""",
     "indexes": """SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index i
                    JOIN pg_class c ON c.oid = i.indrelid
-                  WHERE c.relnamespace IN ('sftq'::regnamespace, 'sftq_migrations'::regnamespace)""",
+                  WHERE c.relnamespace IN ('sftq'::regnamespace,
+                                           'sftq_migrations'::regnamespace)""",
     "constraints": """SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
                         FROM pg_constraint
                        WHERE connamespace IN ('sftq'::regnamespace,
@@ -130,7 +132,8 @@ def test_the_export_only_appends(sql_copy: Path, tmp_path: Path) -> None:
     assert not migrate.export_supabase(sql_copy, out, check=True).changed
 
     # A new migration and a changed procedure: two new files after the others, nothing edited.
-    (sql_copy / "migrations" / "9999_more.sql").write_text("ALTER TABLE sftq.jobs ADD COLUMN x int;\n")
+    more = sql_copy / "migrations" / "9999_more.sql"
+    more.write_text("ALTER TABLE sftq.jobs ADD COLUMN x int;\n")
     proc = sql_copy / "procedures" / "000_common.sql"
     proc.write_text(proc.read_text() + "\n-- changed\n")
     check = migrate.export_supabase(sql_copy, out, check=True, now=t0)
@@ -143,7 +146,6 @@ def test_the_export_only_appends(sql_copy: Path, tmp_path: Path) -> None:
     assert added[1].endswith("_sftq_repeatable.sql") and added[0] > names[-1]
 
     # An exported migration is never edited.
-    more = sql_copy / "migrations" / "9999_more.sql"
     more.write_text(more.read_text() + "-- edited\n")
     with pytest.raises(migrate.MigrationError, match="changed after it was exported"):
         migrate.export_supabase(sql_copy, out)
