@@ -28,8 +28,8 @@ BEGIN
     IF NOT pg_is_in_recovery() THEN
         RETURN true;
     END IF;
-    -- The commit time of the last transaction replayed: the primary commits at least every
-    -- 30 s while the tick runs (pg_cron, pg_net and the tick itself all write).
+    -- The commit time of the last transaction replayed: the primary writes at least every
+    -- 30 s while the tick is scheduled (pg_cron's run log, the tick's own rows).
     v_lag := now() - pg_last_xact_replay_timestamp();
     IF v_lag IS NULL OR v_lag > v_max THEN
         RAISE EXCEPTION USING ERRCODE = '57P03',
