@@ -70,7 +70,8 @@ class DenoProcess:
     def __init__(self, deno: str, script: Path, env: dict[str, str]) -> None:
         self.port = free_port()
         full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "HOME": os.environ.get("HOME", "/"), "DENO_NO_UPDATE_CHECK": "1", "NO_COLOR": "1", "SFTQ_PROXY_PORT": str(self.port),
+                "HOME": os.environ.get("HOME", "/"), "DENO_NO_UPDATE_CHECK": "1",
+                "NO_COLOR": "1", "SFTQ_PROXY_PORT": str(self.port),
                 **env}
         if "DENO_DIR" in os.environ:
             full["DENO_DIR"] = os.environ["DENO_DIR"]
