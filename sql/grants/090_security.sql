@@ -57,7 +57,10 @@ BEGIN
         EXECUTE format('GRANT sftq_definer TO %I', current_user);
     END IF;
 
-    -- 1. Ownership of the SECURITY DEFINER functions, and the rights they run with.
+    -- 1. Ownership of the SECURITY DEFINER functions, and the rights they run with. A
+    --    non-superuser may hand a function only to a role with CREATE on its schema: granted
+    --    for the handover and revoked in the same transaction, so no one ever sees it.
+    GRANT CREATE ON SCHEMA sftq TO sftq_definer;
     FOR v_rec IN
         SELECT p.oid::regprocedure AS fn
           FROM pg_proc p
@@ -66,6 +69,7 @@ BEGIN
     LOOP
         EXECUTE format('ALTER ROUTINE %s OWNER TO sftq_definer', v_rec.fn);
     END LOOP;
+    REVOKE CREATE ON SCHEMA sftq FROM sftq_definer;
     GRANT USAGE ON SCHEMA sftq TO sftq_definer;
     FOR v_rec IN
         SELECT c.oid::regclass AS rel, c.relkind

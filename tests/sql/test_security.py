@@ -196,3 +196,39 @@ def test_a_changed_policy_is_put_back(conn: Conn) -> None:
     assert found[("api_keys", "sftq_definer_rows")][1] == (
         "((NOT pg_is_in_recovery()) OR sftq._replica_fresh())")
     assert ("jobs", "sftq_stale_rows") not in found
+
+
+def test_a_non_superuser_migrator_like_supabases_postgres(pg_cluster: Any) -> None:
+    """Supabase's `postgres` is not a superuser: it must still hand the functions to
+    sftq_definer, replace them on a later migrate, and end with a working API."""
+    from sftq_server import migrate
+
+    procedures = sorted((GRANTS.parent / "procedures").glob("*.sql"))
+    with psycopg.connect(pg_cluster.url, autocommit=True) as admin:
+        admin.execute("CREATE ROLE t_migrator LOGIN CREATEROLE")
+        admin.execute("CREATE DATABASE t_nonsuper OWNER t_migrator")
+    url = f"postgresql://t_migrator@127.0.0.1:{pg_cluster.port}/t_nonsuper"
+    try:
+        migrate.migrate(url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            for path in procedures:  # what a later migrate does with a changed procedure
+                conn.execute(path.read_text(encoding="utf-8").encode())
+            reapply_grants(conn)
+            owners = conn.execute(
+                "SELECT DISTINCT pg_get_userbyid(proowner) FROM pg_proc "
+                "WHERE pronamespace = 'sftq'::regnamespace AND prosecdef").fetchall()
+            assert owners == [("sftq_definer",)]
+            assert conn.execute("SELECT has_schema_privilege('sftq_definer', 'sftq', 'CREATE')"
+                                ).fetchone() == (False,)
+            conn.execute("SELECT sftq.create_user('nina')")
+            key = conn.execute("SELECT key FROM sftq.issue_key('nina')").fetchone()
+            assert key is not None
+            digest = hashlib.sha256(key[0].encode()).digest()
+            row = conn.execute("SELECT body FROM sftq.api_enqueue(%s, 'SFT', '{}'::jsonb, 'x', "
+                               "4, NULL)", (digest,)).fetchone()
+            assert row is not None and row[0]["state"] == "QUEUED"
+    finally:
+        with psycopg.connect(pg_cluster.url, autocommit=True) as admin:
+            admin.execute("DROP DATABASE IF EXISTS t_nonsuper")
+            admin.execute("REVOKE sftq_definer FROM t_migrator")
+            admin.execute("DROP ROLE IF EXISTS t_migrator")
