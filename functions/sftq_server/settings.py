@@ -35,6 +35,9 @@ class Settings:
     usage_grace_seconds: float = 300.0
     # A tick that dies keeps the lease this long at most.
     tick_lease_seconds: float = 120.0
+    # Set (SFTQ_DEV_STACK=1) only by a local development stack: scheduler-tick then accepts a
+    # tick secret shorter than 32 characters. Everywhere else a short one stops it starting.
+    dev_stack: bool = False
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -51,6 +54,7 @@ class Settings:
             fireworks_timeout_seconds=_float("FIREWORKS_TIMEOUT", 10.0),
             usage_grace_seconds=_float("SFTQ_USAGE_GRACE_SECONDS", 300.0),
             tick_lease_seconds=_float("SFTQ_TICK_LEASE_SECONDS", 120.0),
+            dev_stack=os.environ.get("SFTQ_DEV_STACK", "") == "1",
         )
 
 
