@@ -119,8 +119,11 @@ def test_embedded_stack_runs_stops_cleanly_and_restarts_with_its_state(
     dev = stacks.start(data_dir, port=port, simulator_port=sim_port)
     values = dev.wait_ready()
 
-    # stdout is exactly the five lines, in order, then ready.
-    assert [ln.split("=", 1)[0] for ln in dev.lines[:-1]] == list(ENV_NAMES)
+    # stdout is exactly the KEY=value lines, in order (the documented five first), then ready.
+    from sftq_server.devenv import ENV_NAMES as printed
+
+    names = [ln.split("=", 1)[0] for ln in dev.lines[:-1]]
+    assert names == list(printed) and names[: len(ENV_NAMES)] == list(ENV_NAMES)
     assert dev.lines[-1] == "ready"
     assert values["SUPABASE_URL"] == f"http://127.0.0.1:{port}"
     assert values["SIMULATOR_URL"] == f"http://127.0.0.1:{sim_port}"
