@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import stat
@@ -127,7 +128,9 @@ def test_embedded_stack_runs_stops_cleanly_and_restarts_with_its_state(
     assert dev.lines[-1] == "ready"
     assert values["SUPABASE_URL"] == f"http://127.0.0.1:{port}"
     assert values["SIMULATOR_URL"] == f"http://127.0.0.1:{sim_port}"
-    assert values["DATABASE_URL"] == f"postgresql://postgres@127.0.0.1:{pg_port}/sftq"
+    assert re.fullmatch(
+        rf"postgresql://postgres:[0-9a-f]{{48}}@127\.0\.0\.1:{pg_port}/sftq", values["DATABASE_URL"]
+    ), values["DATABASE_URL"]
     assert values["SFTQ_API_KEY"].startswith("sftq_")
     assert len(values["SFTQ_TICK_SECRET"]) >= 32
 
@@ -256,6 +259,24 @@ def test_one_stack_per_data_dir(stacks: DevStacks, db_url: str, tmp_path: Path) 
     assert "in use by another `sftq dev`" in second.log()
     # The first one is untouched.
     assert httpx.get(f"{values['SUPABASE_URL']}/functions/v1/jobs-api/health").status_code == 200
+    first.send(signal.SIGTERM)
+    assert first.wait() == 0
+
+
+def test_a_second_stack_in_the_same_folder_is_told_the_folder_is_in_use(
+    stacks: DevStacks, db_url: str, tmp_path: Path
+) -> None:
+    # The same command twice (same folder, same ports): the answer is the folder's lock, not
+    # the ports the first one holds, so a person does not try --port only to hit the lock.
+    data_dir = tmp_path / "data"
+    port, sim_port = free_port(), free_port()
+    first = stacks.start(data_dir, database_url=db_url, port=port, simulator_port=sim_port)
+    first.wait_ready()
+    second = stacks.start(data_dir, database_url=db_url, port=port, simulator_port=sim_port)
+    assert second.wait(timeout=60) == 1
+    assert f"{data_dir} is in use by another `sftq dev` (pid {first.pid})" in second.log()
+    assert "already in use" not in second.log()
+    assert second.lines == []
     first.send(signal.SIGTERM)
     assert first.wait() == 0
 

@@ -8,7 +8,10 @@ one start to the next.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import secrets
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +21,8 @@ from .common import StartupError, pid_alive, port_free
 
 DEFAULT_PG_PORT = 54329
 DATABASE_NAME = "sftq"
+# As root, embedded clusters live here (see DevDatabase._cluster_folder).
+STATE_ROOT = Path("/var/lib/sftq/dev")
 
 
 class DevDatabase:
@@ -37,84 +42,134 @@ class DevDatabase:
         pg_dir = self.data_dir / "pg"
         # A shell that sourced our env file carries our own embedded URL in DATABASE_URL;
         # that means "the embedded database", not "someone else's server".
-        ours = bool(env_url) and env_url == saved.get("DATABASE_URL") and pg_dir.is_dir()
+        ours = bool(env_url) and env_url == saved.get("DATABASE_URL") and pg_dir.exists()
         if env_url and not ours:
             self.log("using the database in DATABASE_URL")
             self._wait_for(env_url, timeout=15.0)
             self.url = env_url
         else:
-            self.url = self._start_embedded(pg_dir)
+            self.url = self._start_embedded(pg_dir, saved)
         return self.url
 
-    def _start_embedded(self, pg_dir: Path) -> str:
-        from ..pgcluster import ClusterError, LocalCluster, find_bindir
+    def _start_embedded(self, pg_dir: Path, saved: dict[str, str]) -> str:
+        from ..pgcluster import ClusterError, LocalCluster, find_bindir, free_port
 
         try:
             bindir = find_bindir()
         except ClusterError as exc:
             raise StartupError(f"{exc}; or set DATABASE_URL to a PostgreSQL you have") from exc
-        if os.geteuid() == 0:
-            self._check_reachable_by_postgres(pg_dir)
         port_file = self.data_dir / "pg.port"
         port = None
         if port_file.is_file():
             with contextlib.suppress(ValueError):
                 port = int(port_file.read_text(encoding="utf-8").strip())
-        cluster = LocalCluster(pg_dir, port=port or DEFAULT_PG_PORT, bindir=bindir)
-        # Set before starting: a start that fails half-way is still stopped on the way out.
-        self.cluster = cluster
         try:
-            running = cluster.running()
+            folder = self._cluster_folder(pg_dir)
+            cluster = LocalCluster(
+                folder,
+                port=port or DEFAULT_PG_PORT,
+                bindir=bindir,
+                password=_saved_password(saved) or secrets.token_hex(24),
+            )
+            # Set before starting: a start that fails half-way is still stopped on the way out.
+            self.cluster = cluster
+            runnable = cluster.runnable_bindir()
+            if runnable != bindir:
+                self.log(
+                    f"the postgres user cannot run the binaries in {bindir}; using a copy "
+                    f"in {runnable}"
+                )
+            # A server killed a moment ago (kill -9, OOM) may still be on its way out: wait
+            # for it to go rather than adopt what will not answer.
+            running = cluster.settle() == "running"
             if not running and not port_free("127.0.0.1", cluster.port):
-                from ..pgcluster import free_port
-
                 new_port = free_port()
                 if port is not None:
                     self.log(f"port {cluster.port} saved for PostgreSQL is taken; using {new_port}")
                 cluster.port = new_port
-            port_file.write_text(f"{cluster.port}\n", encoding="utf-8")
             if running:
                 # Left by a supervisor that was killed -9 (its children died with it; a
                 # daemonized postmaster does not). Adopt it: it is stopped on the way out.
                 verb = "adopting the PostgreSQL still running"
             else:
                 verb = "creating PostgreSQL" if not cluster.initialized() else "starting PostgreSQL"
-            self.log(f"{verb} in {pg_dir} on 127.0.0.1:{cluster.port} (binaries: {bindir})")
+            where = pg_dir if folder == pg_dir else f"{pg_dir} (-> {folder})"
+            self.log(f"{verb} in {where} on 127.0.0.1:{cluster.port} (binaries: {bindir})")
             cluster.start()
+            port_file.write_text(f"{cluster.port}\n", encoding="utf-8")
         except ClusterError as exc:
             raise StartupError(f"the embedded PostgreSQL did not start: {exc}") from exc
         self.check_stop()
-        self._create_database(cluster.url)
+        self._create_database(cluster.socket_conninfo())
         return str(cluster.url_for(DATABASE_NAME))
 
-    def _check_reachable_by_postgres(self, pg_dir: Path) -> None:
-        # PostgreSQL will not run as root, so LocalCluster runs it as `postgres`, which needs
-        # search permission on every folder above its data. LocalCluster opens up folders
-        # under /tmp itself; anywhere else we say what is wrong instead of failing obscurely.
+    def _cluster_folder(self, pg_dir: Path) -> Path:
+        """Where the cluster's files live: <data-dir>/pg, or as root a folder of the postgres
+        user's under STATE_ROOT that <data-dir>/pg links to.
+
+        As root the server runs as `postgres`, which must be able to enter every folder above
+        its files. A data dir inside a private home folder (/root, 0700) is out of its reach,
+        and the data dir itself stays 0700; so the cluster lives where that user can go.
+        """
+        if os.geteuid() != 0:
+            return pg_dir
         import pwd
 
         try:
-            pw = pwd.getpwnam("postgres")
+            pwd.getpwnam("postgres")
         except KeyError as exc:
             raise StartupError(
                 "running as root needs a `postgres` system user for the embedded "
                 "PostgreSQL; create one, run as another user, or set DATABASE_URL"
             ) from exc
-        for parent in pg_dir.resolve().parents:
-            if str(parent).startswith(("/tmp", "/var/tmp")):
-                continue
-            st = parent.stat()
-            searchable = (
-                st.st_mode & 0o001
-                or (st.st_uid == pw.pw_uid and st.st_mode & 0o100)
-                or (st.st_gid == pw.pw_gid and st.st_mode & 0o010)
-            )
-            if not searchable:
-                raise StartupError(
-                    f"as root the embedded PostgreSQL runs as the postgres user, which cannot "
-                    f"enter {parent}; give it search permission (chmod o+x {parent}), choose a "
-                    f"--data-dir it can reach, or set DATABASE_URL"
-                )
+        if pg_dir.is_symlink():
+            return pg_dir.resolve()  # made by an earlier start, maybe for a folder since moved
+        slug = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:12]
+        home = STATE_ROOT / f"{self.data_dir.parent.name or 'root'}-{slug}"
+        for folder in (STATE_ROOT.parent, STATE_ROOT):
+            folder.mkdir(exist_ok=True)
+            os.chmod(folder, 0o711)  # postgres passes through; no one lists the projects
+        if pg_dir.is_dir():
+            self._move_cluster(pg_dir, home)
+        elif home.exists():
+            # Left by a data dir of the same path that was deleted (`rm -rf .sftq`, make clean):
+            # starting over is what deleting it asked for.
+            self.log(f"removing the PostgreSQL left in {home} by an earlier {self.data_dir}")
+            self._remove_cluster(home)
+        pg_dir.symlink_to(home, target_is_directory=True)
+        return home
+
+    def _move_cluster(self, pg_dir: Path, home: Path) -> None:
+        """A cluster made inside the data dir (before it became 0700) moves out, stopped."""
+        import pwd
+
+        from ..pgcluster import LocalCluster
+
+        self.log(
+            f"moving the embedded PostgreSQL from {pg_dir} to {home} (the postgres user "
+            f"cannot enter {self.data_dir})"
+        )
+        LocalCluster(pg_dir, port=1).stop()
+        if home.exists():
+            self._remove_cluster(home)
+        try:
+            os.rename(pg_dir, home)
+        except OSError:
+            shutil.copytree(pg_dir, home, symlinks=True)
+            pw = pwd.getpwnam("postgres")
+            for root, dirs, files in os.walk(home):
+                for name in (".", *dirs, *files):
+                    os.lchown(os.path.join(root, name), pw.pw_uid, pw.pw_gid)
+            shutil.rmtree(pg_dir)
+
+    @staticmethod
+    def _remove_cluster(folder: Path) -> None:
+        from ..pgcluster import LocalCluster
+
+        cluster = LocalCluster(folder, port=1)
+        if cluster.running():
+            cluster.stop("immediate")
+        shutil.rmtree(folder)
 
     def _create_database(self, admin_url: str) -> None:
         import psycopg
@@ -199,4 +254,14 @@ def database_error(url: str) -> str | None:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         return str(exc).strip() or type(exc).__name__
+    return None
+
+
+def _saved_password(saved: dict[str, str]) -> str | None:
+    """The embedded superuser's password, from the DATABASE_URL of the env file we wrote."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(saved.get("DATABASE_URL", ""))
+    if url.hostname == "127.0.0.1" and url.username == "postgres" and url.password:
+        return url.password
     return None

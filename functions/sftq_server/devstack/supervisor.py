@@ -138,8 +138,10 @@ class DevStack:
             raise StartupError(
                 f"unknown provider {cfg.provider!r}: simulator or fireworks", EXIT_USAGE
             )
-        self._check_ports()
+        # The data dir's lock first: a second `sftq dev` in the same folder is told that,
+        # not that the first one's ports are taken.
         self._prepare_data_dir()
+        self._check_ports()
         saved = read_env_file(self.data_dir)
         database_url = self.database.start(saved)
         self._check_stop()
@@ -211,11 +213,10 @@ class DevStack:
                 )
 
     def _prepare_data_dir(self) -> None:
-        as_root = os.geteuid() == 0
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        # The folder holds a key and the tick secret. As root, the embedded PostgreSQL runs
-        # as the postgres user, which must be able to pass through it (but not list it).
-        os.chmod(self.data_dir, 0o711 if as_root else 0o700)
+        # The folder holds a key, the tick secret and the database password: ours alone. (As
+        # root the embedded cluster lives outside it; see DevDatabase._cluster_folder.)
+        os.chmod(self.data_dir, 0o700)
         lock_path = self.data_dir / "dev.lock"
         lock = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the whole run)
         try:
