@@ -316,9 +316,14 @@ def stop_embedded(data_dir: Path) -> None:
         from sftq_server.pgcluster import LocalCluster
 
         cluster = LocalCluster(pg, port=1)
-        if cluster.running():
-            cluster.stop("immediate")
-    if pg.is_symlink():
+        try:
+            if cluster.running():
+                cluster.stop("immediate")
+        finally:
+            if pg.is_symlink():
+                shutil.rmtree(pg.resolve(), ignore_errors=True)
+                pg.unlink()
+    elif pg.is_symlink():
         shutil.rmtree(pg.resolve(), ignore_errors=True)
         pg.unlink()
 
