@@ -44,6 +44,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         simulator_job_seconds=args.simulator_job_seconds,
         tick_interval=args.tick_interval,
         provider=args.provider,
+        verbose=args.verbose,
     )
     return DevStack(config).run()
 
@@ -59,6 +60,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     settings = dataclasses.replace(Settings.from_env(), database_url=database_url(args))
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if not args.verbose:
+        # One line per request (the access log) and one per tick; not one more per call the
+        # tick makes to the provider.
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     gateway.serve(args.host, args.port, settings)
     return 0
 
@@ -172,11 +178,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="seconds between scheduler ticks; 0: no ticker, tick with "
         "POST /functions/v1/scheduler-tick (default: 30)",
     )
+    dev.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log details: each request to the provider, and the ticker's own line per tick "
+        "(default: one line per tick, from the functions)",
+    )
     dev.set_defaults(func=_cmd_dev)
 
     serve = sub.add_parser("serve", help="serve the three functions at /functions/v1/<name>")
     serve.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8080, help="port (default: 8080)")
+    serve.add_argument(
+        "-v", "--verbose", action="store_true", help="also log each request to the provider"
+    )
     _database_options(serve)
     serve.set_defaults(func=_cmd_serve)
 

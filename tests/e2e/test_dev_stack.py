@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 import signal
 import socket
 import stat
 from pathlib import Path
 
 import httpx
+import pytest
 from conftest import (
     ENV_NAMES,
     SFT_PAYLOAD,
@@ -213,6 +215,32 @@ def test_ticker_admits_without_a_manual_tick(
     assert dev.wait() == 0, dev.log()
     assert_all_gone(dev.seen_pids)
     assert not alive(ticker)
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["default", "verbose"])
+def test_the_log_has_one_line_per_tick_and_details_with_verbose(
+    stacks: DevStacks, db_url: str, http: httpx.Client, verbose: bool
+) -> None:
+    dev = stacks.start(
+        database_url=db_url, tick_interval=0.5, extra=("--verbose",) if verbose else ()
+    )
+    values = dev.wait_ready()
+    job_id = submit(http, values)  # so that ticks call the provider: quota, create, get
+    wait_until(lambda: get_job(http, values, job_id)["state"] == "PROGRESS", 30, "admission")
+    wait_until(lambda: len(re.findall(r"tick \d+ ok:", dev.log())) >= 4, 30, "a few ticks")
+    dev.send(signal.SIGTERM)
+    assert dev.wait() == 0, dev.log()
+
+    log = dev.log()
+    per_tick = Counter(re.findall(r"\btick (\d+) \w+:", log))
+    provider_requests = re.findall(r"^HTTP Request: [A-Z]+ \S+/v1/accounts/", log, re.M)
+    if verbose:
+        # Details: the ticker's own line beside the function's, and each provider request.
+        assert min(per_tick.values()) == 2, log
+        assert provider_requests, log
+    else:
+        assert set(per_tick.values()) == {1}, log
+        assert not provider_requests and "HTTP Request:" not in log, log
 
 
 def test_a_child_that_dies_stops_everything(stacks: DevStacks, db_url: str) -> None:

@@ -90,7 +90,14 @@ def stack_children(config: DevConfig, facts: StackFacts, data_dir: str) -> list[
     specs.append(
         ChildSpec(
             "gateway",
-            server_command("serve", "--host", config.host, "--port", str(config.port)),
+            server_command(
+                "serve",
+                "--host",
+                config.host,
+                "--port",
+                str(config.port),
+                *(["--verbose"] if config.verbose else []),
+            ),
             gateway_env,
             ready_url=f"{facts.local_base}/functions/v1/jobs-api/health",
         )
@@ -107,6 +114,8 @@ def stack_children(config: DevConfig, facts: StackFacts, data_dir: str) -> list[
                     f"{facts.local_base}/functions/v1/scheduler-tick",
                     "--data-dir",
                     data_dir,
+                    # The gateway logs each tick; the ticker adds only ticks that did not run.
+                    *(["--verbose"] if config.verbose else ["--quiet"]),
                 ),
                 base_env | {"SFTQ_TICK_SECRET": facts.tick_secret},
                 after_ready=True,

@@ -38,6 +38,7 @@ class DevConfig:
     provider: str = "simulator"  # simulator | fireworks
     ready_timeout: float = 90.0
     stop_timeout: float = 10.0
+    verbose: bool = False  # details in the log: provider requests, the ticker's own lines
 
 
 def probe_host(host: str) -> str:
