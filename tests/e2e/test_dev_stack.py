@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections import Counter
 import signal
 import socket
 import stat
+from collections import Counter
 from pathlib import Path
 
 import httpx
