@@ -12,10 +12,12 @@ from __future__ import annotations
 from ._client import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, AsyncClient, Client
 from ._version import __version__
 from .errors import (
+    AmbiguousJobId,
     APIConnectionError,
     BadRequest,
     ConfigurationError,
     Conflict,
+    MissingSetting,
     NotFound,
     PayloadTooLarge,
     RateLimited,
@@ -52,6 +54,7 @@ __all__ = [
     "STATES",
     "TERMINAL_STATES",
     "APIConnectionError",
+    "AmbiguousJobId",
     "AsyncClient",
     "BadRequest",
     "CancelResult",
@@ -62,6 +65,7 @@ __all__ = [
     "JobAnalytics",
     "JobPage",
     "Kind",
+    "MissingSetting",
     "NotFound",
     "PayloadTooLarge",
     "ProgressJob",
