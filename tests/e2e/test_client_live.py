@@ -202,3 +202,16 @@ def test_short_ids_case_and_a_wrong_url_against_the_stack(live: Live) -> None:
         assert r.returncode == 2, (argv, r.stderr)
         assert ".../functions/v1/jobs-api" in r.stderr, r.stderr
         assert f"did you mean {live.values['SUPABASE_URL']}/functions/v1/jobs-api?" in r.stderr
+
+
+def test_cancelling_a_running_job_answers_cancelled_at_once(live: Live) -> None:
+    # As docs/client.md and docs/cli.md say: the provider is asked there and then; 202
+    # (pending) only when it cannot be reached.
+    with live.client() as sftq:
+        job = sftq.submit("DPO", {"dataset": "d"})
+        live.tick()
+        assert sftq.get(job.id).state == "PROGRESS"
+        result = sftq.cancel(job.id)
+        assert (result.state, result.pending) == ("CANCELLED", False)
+    cli = run_sftq("cancel", job.id, env=live.env)
+    assert cli.returncode == 5  # already CANCELLED
