@@ -128,10 +128,12 @@ def test_the_dev_database_wants_the_password_of_the_env_file(
     assert again.wait() == 0, again.log()
 
 
+@pytest.mark.parametrize("left_running", [False, True], ids=["stopped", "left-running"])
 def test_a_cluster_made_before_passwords_gets_one_and_keeps_its_data(
-    stacks: DevStacks, tmp_path: Path
+    stacks: DevStacks, tmp_path: Path, left_running: bool
 ) -> None:
-    # A data dir from an earlier version: the cluster inside it, trusting every local login.
+    # A data dir from an earlier version: the cluster inside it, trusting every local login;
+    # maybe still running, left by a supervisor that was killed -9.
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     port = free_port()
@@ -144,7 +146,8 @@ def test_a_cluster_made_before_passwords_gets_one_and_keeps_its_data(
         with psycopg.connect(old.url_for("sftq"), autocommit=True) as conn:
             conn.execute("CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)")
     finally:
-        old.stop()
+        if not left_running:
+            old.stop()
 
     dev = stacks.start(data_dir)
     url = dev.wait_ready()["DATABASE_URL"]

@@ -12,6 +12,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -149,7 +150,23 @@ class DevDatabase:
             f"moving the embedded PostgreSQL from {pg_dir} to {home} (the postgres user "
             f"cannot enter {self.data_dir})"
         )
-        LocalCluster(pg_dir, port=1).stop()
+        old = LocalCluster(pg_dir, port=1)
+        pid = old.postmaster_pid()
+        if pid is not None and old.running():
+            # Still running (left by a supervisor killed -9): stop it cleanly first. It needs to
+            # reach its files while it shuts down, through the data dir, which is 0700 now:
+            # let postgres pass for that long. Root asks the postmaster directly (SIGINT is a
+            # fast shutdown); pg_ctl would run as postgres.
+            os.chmod(self.data_dir, 0o711)
+            try:
+                os.kill(pid, signal.SIGINT)
+                deadline = time.monotonic() + 30
+                while old.running():
+                    if time.monotonic() > deadline:
+                        raise StartupError(f"the PostgreSQL in {pg_dir} (pid {pid}) did not stop")
+                    time.sleep(0.2)
+            finally:
+                os.chmod(self.data_dir, 0o700)
         if home.exists():
             self._remove_cluster(home)
         try:
