@@ -59,6 +59,8 @@ def stack_children(config: DevConfig, facts: StackFacts, data_dir: str) -> list[
     gateway_env = base_env | {
         "DATABASE_URL": facts.database_url,
         "SFTQ_TICK_SECRET": facts.tick_secret,
+        # A local stack: scheduler-tick skips the production rule on the secret's length.
+        "SFTQ_DEV_STACK": "1",
     }
     specs: list[ChildSpec] = []
     if config.provider == "simulator":
