@@ -403,6 +403,9 @@ def make_jobs_api(settings: Settings, *, db: dbmod.Database | None = None,
     router.add("GET", "/jobs/{id}/analytics", api.job_analytics)
     router.add("GET", "/health", api.health)
     router.add("GET", "/openapi.json", api.openapi)
+    from .api_webhooks import register as register_webhooks  # webhooks (docs/webhooks.md)
+
+    register_webhooks(router, settings, api.db)
     return ApiApp(router, api, name="jobs-api", mount_prefix="/functions/v1/jobs-api")
 
 

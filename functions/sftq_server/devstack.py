@@ -6,6 +6,7 @@ a Ctrl-C in the terminal reaches only the supervisor, which then stops them in o
 
     simulator  python -m sftq_server.simulator          (unless --provider fireworks)
     gateway    python -m sftq_server.cli_dev serve      (the three functions behind one port)
+    webhooks   python -m sftq_server.cli_dev webhooks-worker (delivers webhooks, always)
     ticker     python -m sftq_server.cli_dev ticker     (unless --tick-interval 0)
 
 Whatever was started is stopped on every way out: a signal, a child that dies, a failed
@@ -528,6 +529,8 @@ class DevStack:
         gateway_env = base_env | {
             "DATABASE_URL": self.database_url,
             "SFTQ_TICK_SECRET": self.values["SFTQ_TICK_SECRET"],
+            # Local webhook receivers (sftq webhooks listen) live on loopback.
+            "SFTQ_WEBHOOKS_ALLOW_PRIVATE": os.environ.get("SFTQ_WEBHOOKS_ALLOW_PRIVATE", "true"),
         }
         if cfg.provider == "simulator":
             self._spawn(
@@ -558,6 +561,8 @@ class DevStack:
             server_command("serve", "--host", cfg.host, "--port", str(cfg.port)),
             gateway_env,
         )
+        # Webhooks are delivered whatever --tick-interval says (docs/webhooks.md).
+        self._spawn("webhooks", server_command("webhooks-worker"), gateway_env)
 
     def _start_ticker(self) -> None:
         # Started once the gateway answers: its first tick fires at once and should land.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 
@@ -15,6 +15,10 @@ def _float(name: str, default: float) -> float:
 def _int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     return int(raw) if raw else default
+
+
+def _bool(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,11 @@ class Settings:
     usage_grace_seconds: float = 300.0
     # A tick that dies keeps the lease this long at most.
     tick_lease_seconds: float = 120.0
+    # Webhooks (docs/webhooks.md). The key seals endpoints' signing secrets at rest; without
+    # it, production mode refuses to create endpoints. allow_private lets deliveries go to
+    # loopback and private addresses and over http:// (`sftq dev` sets it).
+    webhooks_key: str = field(default="", repr=False)
+    webhooks_allow_private: bool = False
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -51,6 +60,8 @@ class Settings:
             fireworks_timeout_seconds=_float("FIREWORKS_TIMEOUT", 10.0),
             usage_grace_seconds=_float("SFTQ_USAGE_GRACE_SECONDS", 300.0),
             tick_lease_seconds=_float("SFTQ_TICK_LEASE_SECONDS", 120.0),
+            webhooks_key=os.environ.get("SFTQ_WEBHOOKS_KEY", ""),
+            webhooks_allow_private=_bool("SFTQ_WEBHOOKS_ALLOW_PRIVATE"),
         )
 
 
