@@ -280,8 +280,7 @@ def address_refusal(address: str) -> str | None:
             embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
         if embedded is not None:
             reason = address_refusal(str(embedded))
-            if reason:
-                return f"{reason} (inside an IPv6 address)"
+            return f"{reason} (inside an IPv6 address)" if reason else None
     if str(ip) in _METADATA:
         return "a cloud metadata address"
     if ip.is_loopback:

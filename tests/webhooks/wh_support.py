@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import standardwebhooks
@@ -53,6 +54,7 @@ class Receiver:
 
     replies: list[Reply | int] = field(default_factory=list)
     hold: threading.Event | None = None
+    tls: tuple[str, str] | None = None  # (certfile, keyfile): serve HTTPS
     received: list[Received] = field(default_factory=list)
     connections: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -98,6 +100,12 @@ class Receiver:
                 return True
 
         self.server = Server(("127.0.0.1", 0), Handler)
+        if self.tls is not None:
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     @property
@@ -123,6 +131,32 @@ class Receiver:
             self.hold.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+def self_signed(folder: Path, hostname: str) -> tuple[str, str]:
+    """A certificate for hostname that is its own CA: (certfile, keyfile)."""
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)])
+    now = datetime.now(UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(days=1)).not_valid_after(now + timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(hostname)]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    certfile, keyfile = folder / f"{hostname}.crt", folder / f"{hostname}.key"
+    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    return str(certfile), str(keyfile)
 
 
 class FakeResolver:
