@@ -43,7 +43,11 @@ from .models import (
     SubmitResult,
     Summary,
     Timeline,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEndpointCreated,
 )
+from .webhooks import WebhookVerificationError, verify_webhook
 
 __all__ = [
     "DEFAULT_MAX_RETRIES",
@@ -79,5 +83,10 @@ __all__ = [
     "Timeout",
     "Unauthorized",
     "WaitTimeout",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+    "WebhookEndpointCreated",
+    "WebhookVerificationError",
     "__version__",
+    "verify_webhook",
 ]

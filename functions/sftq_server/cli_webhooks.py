@@ -1,4 +1,4 @@
-"""`sftq webhooks-worker`: deliver webhooks in a loop (the local stand-in for pg_cron + pg_net).
+"""`sftq deliver`: deliver webhooks in a loop (the local stand-in for pg_cron + pg_net).
 
 `sftq dev` runs one, whatever --tick-interval says. Any number may run against one database
 (claims are leases with FOR UPDATE SKIP LOCKED); each prints one line per attempt and stops
@@ -57,7 +57,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         return 2
     mode = "private destinations allowed" if settings.webhooks_allow_private else \
         "public https destinations only"
-    print(f"webhooks-worker: delivering, {args.concurrency} at once, "
+    print(f"sftq deliver: delivering webhooks, {args.concurrency} at once, "
           f"{args.per_endpoint} per endpoint, polling every {args.poll_interval:g}s ({mode})",
           flush=True)
     try:
@@ -70,7 +70,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
-        "webhooks-worker", help="deliver webhooks in a loop (local stand-in for pg_cron + pg_net)",
+        "deliver", help="deliver webhooks in a loop (local stand-in for pg_cron + pg_net)",
         description="Claim due webhook deliveries, sign and send them, record each attempt; "
         "poll for new ones every --poll-interval seconds. Reads SFTQ_WEBHOOKS_KEY and "
         "SFTQ_WEBHOOKS_ALLOW_PRIVATE. Stops on SIGINT/SIGTERM.")

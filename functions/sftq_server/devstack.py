@@ -6,7 +6,7 @@ a Ctrl-C in the terminal reaches only the supervisor, which then stops them in o
 
     simulator  python -m sftq_server.simulator          (unless --provider fireworks)
     gateway    python -m sftq_server.cli_dev serve      (the three functions behind one port)
-    webhooks   python -m sftq_server.cli_dev webhooks-worker (delivers webhooks, always)
+    webhooks   python -m sftq_server.cli_dev deliver    (webhook deliveries, always)
     ticker     python -m sftq_server.cli_dev ticker     (unless --tick-interval 0)
 
 Whatever was started is stopped on every way out: a signal, a child that dies, a failed
@@ -562,7 +562,7 @@ class DevStack:
             gateway_env,
         )
         # Webhooks are delivered whatever --tick-interval says (docs/webhooks.md).
-        self._spawn("webhooks", server_command("webhooks-worker"), gateway_env)
+        self._spawn("webhooks", server_command("deliver"), gateway_env)
 
     def _start_ticker(self) -> None:
         # Started once the gateway answers: its first tick fires at once and should land.
