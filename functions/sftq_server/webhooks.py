@@ -214,6 +214,8 @@ def parse_url(url: str, *, allow_http: bool) -> Target:
     if scheme not in allowed:
         raise BadUrl("url must start with https://" if not allow_http else
                      "url must start with https:// or http://")
+    if port == 0:
+        raise BadUrl("url's port must be from 1 to 65535")
     if "@" in parts.netloc:
         raise BadUrl("url must not contain a user name or password")
     if parts.fragment or url.endswith("#"):
@@ -228,6 +230,11 @@ def parse_url(url: str, *, allow_http: bool) -> Target:
             raise BadUrl("url's host name is not valid") from None
         if not host or not re.fullmatch(r"[a-z0-9.-]+", host) or ".." in host:
             raise BadUrl("url's host name is not valid")
+        # 127.1, 2130706433, 0x7f000001: resolvers read these as IPv4 addresses. No real top
+        # level domain is a number, so a numeric last label must be a plain IPv4 address.
+        if re.fullmatch(r"0x[0-9a-f]*|[0-9]+", host.rsplit(".", 1)[-1]):
+            raise BadUrl("url's host is not a valid address: write an IPv4 address as four "
+                         "decimal numbers")
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
