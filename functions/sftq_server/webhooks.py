@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from .errors import SftqError
 
@@ -238,6 +238,8 @@ def parse_url(url: str, *, allow_http: bool) -> Target:
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
+    # The request line is ASCII: percent-encode anything else (existing escapes stay as they are).
+    path = quote(path, safe="/%:@!$&'()*+,;=-._~?")
     return Target(scheme, host, port or (443 if scheme == "https" else 80), path)
 
 
@@ -613,7 +615,14 @@ class Deliverer:
         from . import db as dbmod
 
         attempted_at = time.time()
-        answer = self.attempt(row)
+        try:
+            answer = self.attempt(row)
+        except Exception:
+            # A bug must not leave the row to come back at every lease expiry with nothing
+            # recorded: record a failed attempt, so it backs off and shows up in the history.
+            logger.exception("webhook %s: the attempt failed unexpectedly", row.webhook_id)
+            answer = Answer(None, "internal error while sending; it will be retried",
+                            int((time.time() - attempted_at) * 1000))
         result = self.db.scalar(dbmod.WEBHOOK_RECORD_ATTEMPT, (
             row.delivery_id, row.lease_token, answer.status, answer.error, answer.duration_ms,
             attempted_at))

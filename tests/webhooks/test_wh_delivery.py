@@ -471,3 +471,32 @@ def test_the_delivery_function_runs_a_pass(dev_settings: Settings, database: Any
     unset = webhooks.make_deliver_app(dataclasses.replace(dev_settings, tick_secret=""),
                                       db=database)
     assert Client(unset).post("/", headers={"Authorization": "Bearer x"}).status_code == 503
+
+
+def test_a_non_ascii_path_is_sent_percent_encoded(dev_api: Api, alice: str,
+                                                  make_receiver: Callable[..., Receiver],
+                                                  make_deliverer: MakeDeliverer) -> None:
+    receiver = make_receiver()
+    _, secret = add(dev_api, alice, receiver.url + "/caf\u00e9?x=\u00e9", ["job.queued"])
+    dev_api.enqueue(alice)
+    drain(make_deliverer())
+    (got,) = receiver.wait_for(1)
+    verify(secret, got)
+    assert got.path == "/hook/caf%C3%A9?x=%C3%A9"
+
+
+def test_an_unexpected_error_is_recorded_and_retried(dev_api: Api, alice: str,
+                                                     make_receiver: Callable[..., Receiver],
+                                                     make_deliverer: MakeDeliverer,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    receiver = make_receiver()
+    endpoint, _ = add(dev_api, alice, receiver.url, ["job.queued"])
+    dev_api.enqueue(alice)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(webhooks, "send", broken)
+    drain(make_deliverer())
+    (last,) = attempts(dev_api, alice, endpoint)
+    assert last["outcome"] == "retrying" and "internal error" in last["error"]
