@@ -137,8 +137,7 @@ class SecretBox:
                 raise NotConfigured("webhooks are not configured on this server: it needs "
                                     "SFTQ_WEBHOOKS_KEY to store signing secrets")
             return f"{_SEALED_PLAIN}:{secret}"
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
+        AESGCM = _aesgcm()  # noqa: N806 - the class's own name
         nonce = secrets.token_bytes(12)
         sealed = AESGCM(self._keys[self._first]).encrypt(
             nonce, secret.encode(), endpoint_id.encode())
@@ -155,14 +154,25 @@ class SecretBox:
         if key is None:
             raise NotConfigured(f"a signing secret is sealed with key {kid}, which is not in "
                                 "SFTQ_WEBHOOKS_KEY")
+        AESGCM = _aesgcm()  # noqa: N806 - the class's own name
         from cryptography.exceptions import InvalidTag
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
         raw = base64.b64decode(data)
         try:
-            return AESGCM(key).decrypt(raw[:12], raw[12:], endpoint_id.encode()).decode()
+            opened: bytes = AESGCM(key).decrypt(raw[:12], raw[12:], endpoint_id.encode())
         except InvalidTag:
             raise NotConfigured("a signing secret does not open with its key") from None
+        return opened.decode()
+
+
+def _aesgcm() -> Any:
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    except ImportError:
+        # A deployment that left the package out: a clear 503, not a 500 with a traceback.
+        raise NotConfigured("webhooks need the cryptography package on this server "
+                            "(pip install 'finetune-queue[server]')") from None
+    return AESGCM
 
 
 # --- destinations ----------------------------------------------------------------------------

@@ -276,3 +276,12 @@ def test_the_json_answers_are_the_documented_models(api: Api, alice: str, public
     for item in api.get(f"/webhooks/{created['id']}/deliveries", alice).json:
         WebhookDelivery.model_validate(item)
     assert json.loads(json.dumps(created))["id"] == created["id"]
+
+
+def test_a_server_without_the_cryptography_package_answers_503(
+        api: Api, alice: str, public: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives.ciphers.aead", None)
+    err = assert_error(create(api, alice, url=URL), 503, "webhooks_not_configured")
+    assert "cryptography" in err["error"]
