@@ -53,7 +53,11 @@ from .models import (
     Summary,
     Timeline,
     WaitingReason,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEndpointCreated,
 )
+from .webhooks import WebhookVerificationError, verify_webhook
 
 __all__ = [
     "DEFAULT_MAX_RETRIES",
@@ -99,5 +103,10 @@ __all__ = [
     "Unauthorized",
     "WaitTimeout",
     "WaitingReason",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+    "WebhookEndpointCreated",
+    "WebhookVerificationError",
     "__version__",
+    "verify_webhook",
 ]

@@ -20,8 +20,9 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from functools import cached_property
 from types import TracebackType
-from typing import Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
@@ -57,6 +58,9 @@ from .models import (
     SubmitResult,
     Summary,
 )
+
+if TYPE_CHECKING:
+    from .webhooks import AsyncWebhooks, Webhooks
 
 __all__ = ["DEFAULT_MAX_RETRIES", "DEFAULT_TIMEOUT", "AsyncClient", "Client"]
 
@@ -109,6 +113,8 @@ class _Call(Generic[T]):
     params: Mapping[str, str] = field(default_factory=dict)
     json: Any = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    # False for a POST the server cannot deduplicate (no Idempotency-Key): sent once.
+    retry: bool = True
 
 
 def _job_path(job_id: str, suffix: str = "") -> str:
@@ -603,11 +609,12 @@ class Client:
             try:
                 response = self._http.send(request)
             except httpx.TransportError as exc:
-                delay = self._core.retry_delay_for_error(exc, attempt)
+                delay = self._core.retry_delay_for_error(exc, attempt) if call.retry else None
                 if delay is None:
                     raise self._core.error_for_transport(exc, request, attempt) from None
             else:
-                delay = self._core.retry_delay_for_response(response, attempt)
+                delay = (self._core.retry_delay_for_response(response, attempt)
+                         if call.retry else None)
                 if delay is None:
                     return self._core.finish(call, response, attempt)
             _sync_sleep(delay)
@@ -742,6 +749,13 @@ class Client:
         """``GET /health`` on the jobs-api; the body as a dict."""
         return self._send(self._core.health())
 
+    @cached_property
+    def webhooks(self) -> Webhooks:
+        """Your webhook endpoints: create, list, get, delete, test, deliveries."""
+        from .webhooks import Webhooks
+
+        return Webhooks(self)
+
     def close(self) -> None:
         self._http.close()
 
@@ -809,11 +823,12 @@ class AsyncClient:
             try:
                 response = await self._http.send(request)
             except httpx.TransportError as exc:
-                delay = self._core.retry_delay_for_error(exc, attempt)
+                delay = self._core.retry_delay_for_error(exc, attempt) if call.retry else None
                 if delay is None:
                     raise self._core.error_for_transport(exc, request, attempt) from None
             else:
-                delay = self._core.retry_delay_for_response(response, attempt)
+                delay = (self._core.retry_delay_for_response(response, attempt)
+                         if call.retry else None)
                 if delay is None:
                     return self._core.finish(call, response, attempt)
             await _async_sleep(delay)
@@ -931,6 +946,13 @@ class AsyncClient:
 
     async def health(self) -> dict[str, Any]:
         return await self._send(self._core.health())
+
+    @cached_property
+    def webhooks(self) -> AsyncWebhooks:
+        """As :attr:`Client.webhooks`, awaited."""
+        from .webhooks import AsyncWebhooks
+
+        return AsyncWebhooks(self)
 
     async def close(self) -> None:
         await self._http.aclose()

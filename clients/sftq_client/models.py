@@ -36,6 +36,10 @@ __all__ = [
     "Summary",
     "Timeline",
     "WaitingReason",
+    "WEBHOOK_EVENTS",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+    "WebhookEndpointCreated",
 ]
 
 Kind = Literal["SFT", "DPO", "RFT"]
@@ -246,3 +250,49 @@ class EndEvent(_Model):
 
 
 StreamEvent = StatusEvent | ProgressEvent | QueueEvent | EndEvent
+# ---- webhooks (docs/webhooks.md) ----------------------------------------------------------------
+
+WEBHOOK_EVENTS: Final[tuple[str, ...]] = (
+    "job.queued",
+    "job.admitted",
+    "job.succeeded",
+    "job.failed",
+    "job.cancelled",
+    "job.*",
+)
+
+
+class WebhookEndpoint(_Model):
+    """One of your webhook endpoints (``GET /webhooks/{id}``); never its secret."""
+
+    id: str
+    url: str
+    events: list[str]
+    description: str | None = None
+    enabled: bool
+    created_at: datetime
+    disabled_at: datetime | None = None
+    # Why deliveries stopped: the receiver answered 410 Gone, or retries failed for 3 days.
+    disabled_reason: str | None = None
+
+
+class WebhookEndpointCreated(WebhookEndpoint):
+    """The answer to ``POST /webhooks``: the endpoint and its signing secret, shown this once."""
+
+    secret: str
+
+
+class WebhookDelivery(_Model):
+    """One attempt (or a delivery not tried yet: ``attempt`` 0, ``outcome`` pending)."""
+
+    webhook_id: str
+    type: str
+    job_id: str | None = None
+    attempt: int
+    outcome: Literal["pending", "succeeded", "retrying", "failed"]
+    status_code: int | None = None
+    duration_ms: int | None = None
+    error: str | None = None
+    created_at: datetime
+    attempted_at: datetime | None = None
+    next_retry_at: datetime | None = None

@@ -430,6 +430,9 @@ def make_jobs_api(settings: Settings, *, db: dbmod.Database | None = None,
     # here the two paths answer 501 so that clients poll instead.
     router.add("GET", "/jobs/stream", stream_unavailable)
     router.add("GET", "/jobs/{id}/stream", stream_unavailable)
+    from .api_webhooks import register as register_webhooks  # webhooks (docs/webhooks.md)
+
+    register_webhooks(router, settings, api.db)
     return ApiApp(router, api, name="jobs-api", mount_prefix="/functions/v1/jobs-api")
 
 

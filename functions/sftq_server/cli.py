@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "sftq_server.cli_db",  # db migrate | status
     "sftq_server.cli_scheduler",  # tick, ticker, simulator
     "sftq_server.cli_dev",  # dev, serve, admin ...
+    "sftq_server.cli_webhooks",  # deliver
 )
 
 

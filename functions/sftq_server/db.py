@@ -77,6 +77,33 @@ RECORD_PROVIDER_STATE = "SELECT sftq.record_provider_state(%s, %s, %s)"
 # The provider confirmed a stop: PROGRESS -> CANCELLED.
 COMPLETE_CANCEL = "SELECT sftq.complete_cancel(%s, %s, %s::jsonb)"
 
+# --- webhooks (sql/procedures/120_webhooks.sql) --------------------------------------
+# Authenticate and check the cap, before the URL is resolved (strangers get no DNS lookups).
+API_WEBHOOK_PRECHECK = "SELECT sftq.api_webhook_precheck(%s)"
+# Authenticate + add an endpoint; its JSON without the secret.
+API_WEBHOOK_CREATE = "SELECT sftq.api_webhook_create(%s, %s, %s, %s::text[], %s, %s)::text"
+# Authenticate + the caller's endpoints, newest first.
+API_WEBHOOK_LIST = "SELECT sftq.api_webhook_list(%s)::text"
+# Authenticate + one of the caller's endpoints.
+API_WEBHOOK_GET = "SELECT sftq.api_webhook_get(%s, %s)::text"
+# Authenticate + delete one of the caller's endpoints.
+API_WEBHOOK_DELETE = "SELECT sftq.api_webhook_delete(%s, %s)"
+# Authenticate + queue a webhook.test delivery; the delivery as GET .../deliveries shows it.
+API_WEBHOOK_TEST = "SELECT sftq.api_webhook_test(%s, %s)::text"
+# Authenticate + an endpoint's recent attempts, newest first.
+API_WEBHOOK_DELIVERIES = "SELECT sftq.api_webhook_deliveries(%s, %s, %s)::text"
+# Deliverers: lease due deliveries (limit, per-endpoint limit, lease seconds).
+WEBHOOK_CLAIM = (
+    "SELECT delivery_id, lease_token, endpoint_id, url, secret_sealed, webhook_id, type, body,"
+    " attempt FROM sftq.webhook_claim(%s, %s, make_interval(secs => %s))"
+)
+# Record one attempt (status or error, duration, when) and learn what follows.
+WEBHOOK_RECORD_ATTEMPT = (
+    "SELECT sftq.webhook_record_attempt(%s, %s, %s, %s, %s, to_timestamp(%s))"
+)
+# Drop attempts and finished deliveries older than N days.
+WEBHOOK_PRUNE = "SELECT sftq.webhook_prune(now() - make_interval(days => %s))"
+
 # --- admin -------------------------------------------------------------------------
 CREATE_USER = "SELECT sftq.create_user(%s)"
 ISSUE_KEY = "SELECT key, prefix FROM sftq.issue_key(%s)"

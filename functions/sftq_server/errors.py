@@ -74,6 +74,8 @@ _SQLSTATE: dict[str, tuple[type[SftqError], str]] = {
     "SQ419": (Conflict, "idempotency_conflict"),
     "SQ422": (Conflict, "illegal_transition"),
     "SQ423": (Conflict, "already_exists"),
+    "SQ440": (BadRequest, "too_many_webhooks"),
+    "SQ441": (Conflict, "webhook_disabled"),
 }
 
 

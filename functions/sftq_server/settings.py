@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 
@@ -15,6 +15,10 @@ def _float(name: str, default: float) -> float:
 def _int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     return int(raw) if raw else default
+
+
+def _bool(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,11 @@ class Settings:
     # Set (SFTQ_DEV_STACK=1) only by a local development stack: scheduler-tick then accepts a
     # tick secret shorter than 32 characters. Everywhere else a short one stops it starting.
     dev_stack: bool = False
+    # Webhooks (docs/webhooks.md). The key seals endpoints' signing secrets at rest; without
+    # it, production mode refuses to create endpoints. allow_private lets deliveries go to
+    # loopback and private addresses and over http:// (`sftq dev` sets it).
+    webhooks_key: str = field(default="", repr=False)
+    webhooks_allow_private: bool = False
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -55,6 +64,8 @@ class Settings:
             usage_grace_seconds=_float("SFTQ_USAGE_GRACE_SECONDS", 300.0),
             tick_lease_seconds=_float("SFTQ_TICK_LEASE_SECONDS", 120.0),
             dev_stack=os.environ.get("SFTQ_DEV_STACK", "") == "1",
+            webhooks_key=os.environ.get("SFTQ_WEBHOOKS_KEY", ""),
+            webhooks_allow_private=_bool("SFTQ_WEBHOOKS_ALLOW_PRIVATE"),
         )
 
 

@@ -46,11 +46,22 @@ from schemathesis.checks import (
 )
 from werkzeug.test import Client
 
+from sftq_server import webhooks
 from sftq_server.gateway import make_gateway
 
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance, response_headers_conformance]
+
+
+HOSTILE_WEBHOOKS_KEY = "hostile-webhooks-key-0123456789abcdefghij"
+PUBLIC_ADDRESS = "93.184.215.14"
+_resolved: list[str] = []
+
+
+def _public_resolver(host: str, port: int) -> list[str]:
+    _resolved.append(host)
+    return [PUBLIC_ADDRESS]
 
 
 class StopJob:
@@ -65,7 +76,12 @@ def world(module_db_url: str) -> Iterator[dict[str, Any]]:
     """Two users with jobs, the gateway as a WSGI app and served on loopback."""
     with connect(module_db_url) as conn:
         alice, bob = make_users(conn, 2, prefix="hostile")
-    settings = rel_settings(module_db_url, "http://127.0.0.1:9", db_pool_max=4)
+    settings = rel_settings(module_db_url, "http://127.0.0.1:9", db_pool_max=4,
+                            webhooks_key=HOSTILE_WEBHOOKS_KEY)
+    # POST /webhooks resolves URLs in production mode: every name "resolves" to one public
+    # address here, so no fuzzed URL makes a real DNS query (nothing is ever delivered).
+    patch = pytest.MonkeyPatch()
+    patch.setattr(webhooks, "default_resolver", _public_resolver)
     app = make_gateway(settings, provider_factory=StopJob)
     served = GatewayThread(settings, provider_factory=StopJob)
     client = Client(app)
@@ -78,6 +94,7 @@ def world(module_db_url: str) -> Iterator[dict[str, Any]]:
     finally:
         served.stop()
         app.close()
+        patch.undo()
 
 
 def _enqueue(client: Client, key: str, **fields: Any) -> str:
@@ -376,3 +393,81 @@ def test_a_client_that_lies_about_its_body_holds_nothing_for_long(world: dict[st
             s.close()
     with psycopg.connect(world["url"], autocommit=True) as conn:
         assert transition_violations(conn) == []
+
+
+# --- webhooks ------------------------------------------------------------------------------------
+
+def test_hostile_webhook_requests(world: dict[str, Any], figures: dict[str, Any]) -> None:
+    """URL tricks that name a private address are refused before any lookup; path tricks on
+    /webhooks/{id} never reach another user's endpoint; nothing answers 5xx."""
+    client = world["client"]
+    alice, bob = world["alice"].keys[0], world["bob"].keys[0]
+
+    def call(method: str, path: str, key: str, **kwargs: Any) -> Any:
+        return client.open(f"{JOBS}{path}", method=method,
+                           headers={"Authorization": f"Bearer {key}"}, **kwargs)
+
+    theirs = call("POST", "/webhooks", bob, json={"url": "https://hooks.example.com/bob"})
+    assert theirs.status_code == 201, theirs.get_data(as_text=True)
+    their_id = theirs.json["id"]
+    refused_urls = [
+        "https://127.0.0.1/", "https://127.1/", "https://2130706433/", "https://0x7f000001/",
+        "https://0177.0.0.1/", "https://[::1]/", "https://[::ffff:7f00:1]/",
+        "https://[0:0:0:0:0:ffff:127.0.0.1]/", "https://10.0.0.1/", "https://169.254.169.254/",
+        "https://[fd00:ec2::254]/", "https://0.0.0.0/", "https://user@hooks.example.com/",
+        "https://hooks.example.com@127.0.0.1/", "https://127.0.0.1#@hooks.example.com/",
+        "https://hooks.example.com\\@127.0.0.1/", "http://hooks.example.com/",
+        "file:///etc/passwd", "gopher://127.0.0.1:25/", "javascript:alert(1)", "//127.0.0.1/",
+        "https://hooks.example.com:0/", "https://hooks.example.com:65536/", "https://%31%32%37.0.0.1/",
+        "https://hooks.example.com/\r\nX-Injected: 1", "https://hooks.example.com/\x00",
+        "https://" + "a" * 3000 + ".com/", "https://exa mple.com/", "", " ",
+    ]
+    problems = []
+    statuses: Counter[int] = Counter()
+    lookups = len(_resolved)
+    for url in refused_urls:
+        resp = call("POST", "/webhooks", alice, json={"url": url, "events": ["job.*"]})
+        statuses[resp.status_code] += 1
+        problem = envelope_problem(resp.status_code, resp.content_type, resp.get_data())
+        if problem or resp.status_code != 400:
+            problems.append(f"{url[:60]!r}: {resp.status_code} {resp.get_data()[:120]!r}")
+    # None of those needed a lookup to be refused (only well-formed https names are resolved).
+    assert len(_resolved) == lookups, _resolved[lookups:]
+    for body, expected in (({"url": ["https://x.com/"]}, {400}),
+                           ({"url": "https://x.com/", "events": [None]}, {400}),
+                           ({"url": "https://x.com/", "events": ["job.*"] * 1000}, {201}),
+                           ({"url": "https://x.com/", "description": {"a": 1}}, {400}),
+                           ([], {400}), ("x", {400}), (None, {415}),
+                           ({"url": "https://x.com/", "events": ["JOB.*"]}, {400})):
+        resp = call("POST", "/webhooks", alice, json=body)
+        statuses[resp.status_code] += 1
+        if resp.status_code not in expected or envelope_problem(
+                resp.status_code, resp.content_type, resp.get_data()):
+            problems.append(f"{body!r:.60}: {resp.status_code}")
+    for method, path in [("GET", f"/webhooks/{their_id}"), ("DELETE", f"/webhooks/{their_id}"),
+                         ("POST", f"/webhooks/{their_id}/test"),
+                         ("GET", f"/webhooks/{their_id}/deliveries"),
+                         ("GET", f"/webhooks/{their_id.upper()}"),
+                         ("GET", f"/webhooks/{their_id}%2Fdeliveries"),
+                         ("GET", f"/webhooks/../webhooks/{their_id}"),
+                         ("GET", f"/webhooks/{their_id}/deliveries?limit=-1"),
+                         ("GET", f"/webhooks/{their_id};x"), ("GET", "/webhooks/%00"),
+                         ("GET", "/webhooks/" + "a" * 5000)]:
+        resp = call(method, path, alice)
+        statuses[resp.status_code] += 1
+        text = resp.get_data(as_text=True)
+        if resp.status_code >= 500 or their_id in text or "hooks.example.com/bob" in text:
+            problems.append(f"{method} {path[:60]}: {resp.status_code} {text[:120]}")
+    with connect(world["url"]) as conn:
+        stored = counts(conn, "SELECT count(*) FROM sftq.webhook_endpoints "
+                              "WHERE url NOT LIKE 'https://hooks.example.com/bob'")
+        still = counts(conn, "SELECT count(*) FROM sftq.webhook_endpoints WHERE id = %s",
+                       their_id)
+    figures.update({"requests": sum(statuses.values()),
+                    "by_status": {str(k): v for k, v in sorted(statuses.items())}})
+    assert not problems, problems
+    assert still == 1  # no DELETE reached bob's endpoint
+    # Only what the fuzz test may have added (well-formed https URLs) is stored, never these.
+    with connect(world["url"]) as conn:
+        urls = [r[0] for r in conn.execute("SELECT url FROM sftq.webhook_endpoints").fetchall()]
+    assert not set(urls) & set(refused_urls), stored

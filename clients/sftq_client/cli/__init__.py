@@ -1,7 +1,7 @@
 """The ``sftq`` command line.
 
 User commands talk to the jobs-api through :class:`sftq_client.Client`, one module per command
-group (``jobs``, ``analytics``); each module has a ``register(command)`` that adds its
+group (``jobs``, ``analytics``, ``webhooks``); each module has a ``register(command)`` that adds its
 subcommands. Server commands (db, dev, simulator, tick, ticker, admin, serve) belong to the server
 package and are only dispatched from here (``_server``).
 
@@ -34,7 +34,7 @@ from ..errors import (
     Unauthorized,
     WaitTimeout,
 )
-from . import analytics, jobs, watch
+from . import analytics, jobs, watch, webhooks
 from ._common import (
     EXIT_CODES,
     EXIT_CONFLICT,
@@ -61,7 +61,7 @@ from ._server import register as register_server_commands
 __all__ = ["EXIT_CODES", "SERVER_COMMANDS", "client_factory", "main"]
 
 # The command groups, in the order `sftq --help` lists them.
-_GROUPS = (jobs, analytics, watch)
+_GROUPS = (jobs, analytics, watch, webhooks)
 
 
 def _default_client_factory(api_key: str | None, api_url: str | None) -> Client:

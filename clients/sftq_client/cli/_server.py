@@ -19,6 +19,7 @@ SERVER_COMMANDS: Final[dict[str, str]] = {
     "ticker": "[server] run scheduler ticks in a loop (local stand-in for pg_cron)",
     "admin": "[server] manage users and API keys",
     "serve": "[server] serve the three functions at /functions/v1/<name>",
+    "deliver": "[server] deliver webhooks in a loop (local stand-in for pg_cron + pg_net)",
 }
 # Import failures naming these come from a client-only install, not from a bug in the server code.
 _SERVER_ONLY_MODULES: Final = frozenset(

@@ -6,6 +6,7 @@ DATABASE_URL, else an embedded PostgreSQL through LocalCluster) and the child pr
 
     simulator  python -m sftq_server.simulator          (unless --provider fireworks)
     gateway    python -m sftq_server.cli_dev serve      (the three functions behind one port)
+    webhooks   python -m sftq_server.cli_dev deliver    (webhook deliveries, always)
     ticker     python -m sftq_server.cli_dev ticker     (unless --tick-interval 0)
 
 Whatever was started is stopped on every way out: a signal, a child that dies, a failed

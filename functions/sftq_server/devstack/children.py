@@ -61,6 +61,8 @@ def stack_children(config: DevConfig, facts: StackFacts, data_dir: str) -> list[
         "SFTQ_TICK_SECRET": facts.tick_secret,
         # A local stack: scheduler-tick skips the production rule on the secret's length.
         "SFTQ_DEV_STACK": "1",
+        # Local webhook receivers (sftq webhooks listen) live on loopback.
+        "SFTQ_WEBHOOKS_ALLOW_PRIVATE": os.environ.get("SFTQ_WEBHOOKS_ALLOW_PRIVATE", "true"),
     }
     specs: list[ChildSpec] = []
     if config.provider == "simulator":
@@ -104,6 +106,8 @@ def stack_children(config: DevConfig, facts: StackFacts, data_dir: str) -> list[
             ready_url=f"{facts.local_base}/functions/v1/jobs-api/health",
         )
     )
+    # Webhooks are delivered whatever --tick-interval says (docs/webhooks.md).
+    specs.append(ChildSpec("webhooks", server_command("deliver"), gateway_env))
     if config.tick_interval > 0:
         specs.append(
             ChildSpec(

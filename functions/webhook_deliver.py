@@ -1,0 +1,42 @@
+"""functions-framework entry point of the webhook delivery function.
+
+    functions-framework --source functions/webhook_deliver.py --target webhook_deliver
+
+pg_cron (every few seconds) and a pg_net trigger (right after a commit that wrote deliveries)
+POST to it with `Authorization: Bearer $SFTQ_TICK_SECRET`; each call delivers what is due, for
+at most 20 s, and answers {"attempts", "duration_ms"} (cron/schedule_webhooks.sql,
+docs/webhooks.md). Nothing is imported or connected until the first request.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+# functions-framework puts this folder on sys.path itself; doing it here as well keeps the
+# module importable when a host loads it by path some other way.
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.append(_HERE)
+
+from sftq_server.lazy import Lazy  # noqa: E402 - after the sys.path fix above
+
+if TYPE_CHECKING:
+    from sftq_server.webhooks import DeliverApp
+
+
+def _build() -> DeliverApp:
+    from sftq_server.settings import get_settings
+    from sftq_server.webhooks import make_deliver_app
+
+    return make_deliver_app(get_settings())
+
+
+_app = Lazy(_build)
+
+
+def webhook_deliver(request: Any) -> tuple[bytes, int, dict[str, str]]:
+    """POST with `Authorization: Bearer $SFTQ_TICK_SECRET` runs one delivery pass."""
+    status, headers, body = _app.get().handle(request.method, request.headers.get("Authorization"))
+    return body, status, headers

@@ -1,0 +1,162 @@
+"""cron/schedule_webhooks.sql and unschedule_webhooks.sql, run by psql as an operator would,
+against stand-ins for Supabase's pg_cron, pg_net and Vault (see tests/scheduler/
+test_sched_cron.py for the same approach): the job fires only when a delivery is due, the
+poke trigger queues one request per transaction after a delivery is written, a broken poke
+never fails the job transaction, and running the scripts again is harmless."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fn_support import Db
+
+CRON = Path(__file__).resolve().parents[2] / "cron"
+PSQL = shutil.which("psql")
+pytestmark = pytest.mark.skipif(PSQL is None, reason="psql is not installed")
+
+URL = "https://europe-west1-acme.cloudfunctions.net/webhook-deliver"
+SECRET = "tick-secret-for-webhooks-0123456789"
+
+STANDINS = """
+CREATE SCHEMA vault;
+CREATE TABLE vault.secrets (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), name text UNIQUE,
+                            description text NOT NULL DEFAULT '', secret text NOT NULL);
+CREATE VIEW vault.decrypted_secrets AS
+    SELECT id, name, description, secret, secret AS decrypted_secret FROM vault.secrets;
+CREATE FUNCTION vault.create_secret(new_secret text, new_name text = NULL,
+                                    new_description text = '', new_key_id uuid = NULL)
+RETURNS uuid LANGUAGE sql AS $$
+    INSERT INTO vault.secrets (secret, name, description)
+    VALUES (new_secret, new_name, new_description) RETURNING id $$;
+CREATE FUNCTION vault.update_secret(secret_id uuid, new_secret text = NULL, new_name text = NULL,
+                                    new_description text = NULL, new_key_id uuid = NULL)
+RETURNS void LANGUAGE sql AS $$
+    UPDATE vault.secrets SET secret = coalesce(new_secret, secret) WHERE id = secret_id $$;
+CREATE SCHEMA net;
+CREATE TABLE net.calls (id bigserial PRIMARY KEY, url text NOT NULL, body jsonb, headers jsonb,
+                        timeout_milliseconds integer, txid xid8 DEFAULT pg_current_xact_id());
+CREATE FUNCTION net.http_post(url text, body jsonb DEFAULT '{}'::jsonb,
+                              params jsonb DEFAULT '{}'::jsonb,
+                              headers jsonb DEFAULT '{"Content-Type": "application/json"}'::jsonb,
+                              timeout_milliseconds integer DEFAULT 5000)
+RETURNS bigint LANGUAGE sql AS $$
+    INSERT INTO net.calls (url, body, headers, timeout_milliseconds)
+    VALUES (url, body, headers, timeout_milliseconds) RETURNING id $$;
+CREATE SCHEMA cron;
+CREATE TABLE cron.job (jobid bigserial PRIMARY KEY, schedule text NOT NULL, command text NOT NULL,
+                       jobname text UNIQUE);
+CREATE FUNCTION cron.schedule(job_name text, schedule text, command text) RETURNS bigint
+LANGUAGE sql AS $$
+    INSERT INTO cron.job (jobname, schedule, command) VALUES (job_name, schedule, command)
+    ON CONFLICT (jobname) DO UPDATE SET schedule = EXCLUDED.schedule, command = EXCLUDED.command
+    RETURNING jobid $$;
+CREATE FUNCTION cron.unschedule(job_id bigint) RETURNS boolean LANGUAGE sql AS $$
+    WITH d AS (DELETE FROM cron.job WHERE jobid = job_id RETURNING 1) SELECT EXISTS (SELECT FROM d)
+$$;
+"""
+
+
+def psql(url: str, script: str, **variables: str) -> subprocess.CompletedProcess[str]:
+    assert PSQL is not None
+    args = [PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url, "-f", str(CRON / script)]
+    for name, value in variables.items():
+        args += ["-v", f"{name}={value}"]
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.fixture
+def supa(db: Db, db_url: str) -> Db:
+    db.conn.execute(STANDINS)
+    db.conn.execute("SELECT vault.create_secret(%s, 'sftq_tick_secret')", (SECRET,))
+    return db
+
+
+def calls(db: Db) -> list[tuple[Any, ...]]:
+    return db.conn.execute("SELECT url, headers, body, timeout_milliseconds FROM net.calls "
+                           "ORDER BY id").fetchall()
+
+
+def user_with_endpoints(db: Db, n: int) -> int:
+    uid = int(db.one("SELECT sftq.create_user('hooked')"))
+    for _ in range(n):
+        db.conn.execute("SELECT sftq.webhook_create(%s, gen_random_uuid(), "
+                        "'https://hooks.example.com/', ARRAY['job.*'], NULL, 'v0:x')", (uid,))
+    return uid
+
+
+def test_schedule_poke_and_catch_up(supa: Db, db_url: str) -> None:
+    db = supa
+    done = psql(db_url, "schedule_webhooks.sql", deliver_url=URL)
+    assert done.returncode == 0, done.stderr
+    (schedule, command), = db.conn.execute(
+        "SELECT schedule, command FROM cron.job WHERE jobname = 'sftq-webhooks-deliver'"
+    ).fetchall()
+    assert schedule == "5 seconds"
+    assert URL not in command and SECRET not in command  # both come from Vault when it fires
+    assert db.one("SELECT decrypted_secret FROM vault.decrypted_secrets "
+                  "WHERE name = 'sftq_webhooks_url'") == URL
+
+    # Idle: the job fires nothing.
+    db.conn.execute(command)
+    assert calls(db) == []
+
+    # A transaction that writes deliveries for three endpoints pokes once, after its commit.
+    uid = user_with_endpoints(db, 3)
+    db.conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (uid,))
+    assert db.one("SELECT count(*) FROM sftq.webhook_deliveries") == 3
+    assert calls(db) == [(URL, {"Content-Type": "application/json",
+                                "Authorization": f"Bearer {SECRET}"}, {}, 25000)]
+    # Users without endpoints never poke.
+    other = int(db.one("SELECT sftq.create_user('plain')"))
+    db.conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (other,))
+    assert len(calls(db)) == 1
+
+    # Deliveries are due: the cron job fires too.
+    db.conn.execute(command)
+    assert len(calls(db)) == 2
+
+    # Again: replaces, never duplicates; a schedule and poke=off are honoured.
+    done = psql(db_url, "schedule_webhooks.sql", deliver_url=URL + "2",
+                deliver_schedule="* * * * *", poke="off")
+    assert done.returncode == 0, done.stderr
+    assert db.conn.execute("SELECT schedule FROM cron.job").fetchall() == [("* * * * *",)]
+    assert db.one("SELECT count(*) FROM vault.secrets WHERE name = 'sftq_webhooks_url'") == 1
+    db.conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (uid,))
+    assert len(calls(db)) == 2  # no trigger any more
+
+    done = psql(db_url, "unschedule_webhooks.sql")
+    assert done.returncode == 0, done.stderr
+    assert db.one("SELECT count(*) FROM cron.job") == 0
+    assert db.one("SELECT to_regproc('sftq._webhook_poke') IS NULL") is True
+    assert psql(db_url, "unschedule_webhooks.sql").returncode == 0
+
+
+def test_a_broken_poke_never_fails_the_job_transaction(supa: Db, db_url: str) -> None:
+    db = supa
+    assert psql(db_url, "schedule_webhooks.sql", deliver_url=URL).returncode == 0
+    db.conn.execute(
+        "CREATE OR REPLACE FUNCTION net.http_post(url text, body jsonb DEFAULT '{}', "
+        "params jsonb DEFAULT '{}', headers jsonb DEFAULT '{}', "
+        "timeout_milliseconds integer DEFAULT 5000) RETURNS bigint LANGUAGE plpgsql AS $$ "
+        "BEGIN RAISE EXCEPTION 'pg_net is down'; END $$")
+    uid = user_with_endpoints(db, 1)
+    db.conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (uid,))
+    assert db.one("SELECT count(*) FROM sftq.webhook_deliveries") == 1
+    db.conn.execute("DELETE FROM vault.secrets WHERE name = 'sftq_webhooks_url'")
+    db.conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (uid,))
+    assert db.one("SELECT count(*) FROM sftq.webhook_deliveries") == 2
+
+
+def test_the_script_refuses_without_the_tick_secret_or_url(db: Db, db_url: str) -> None:
+    db.conn.execute(STANDINS)
+    done = psql(db_url, "schedule_webhooks.sql", deliver_url=URL)
+    assert done.returncode != 0 and "sftq_tick_secret" in done.stderr
+    assert db.one("SELECT count(*) FROM cron.job") == 0
+    done = psql(db_url, "schedule_webhooks.sql")
+    assert done.returncode != 0 and "deliver_url" in done.stderr
+    done = psql(db_url, "schedule_webhooks.sql", deliver_url="not a url")
+    assert done.returncode != 0
