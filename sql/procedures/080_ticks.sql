@@ -47,6 +47,9 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- The lease row before the tick row, as tick_begin takes them (see the comment below).
+    UPDATE sftq.scheduler_lease SET holder = NULL, tick_id = NULL, expires_at = NULL
+     WHERE name = 'tick' AND tick_id = p_tick_id;
     UPDATE sftq.scheduler_ticks
        SET finished_at = p_now,
            status      = CASE WHEN jsonb_array_length(COALESCE(p_result -> 'errors', '[]')) > 0 THEN 'error' ELSE 'ok' END,
@@ -61,9 +64,7 @@ BEGIN
            errors      = COALESCE(p_result -> 'errors', '[]'),
            detail      = p_result
      WHERE id = p_tick_id;
-    UPDATE sftq.scheduler_lease SET holder = NULL, tick_id = NULL, expires_at = NULL
-     WHERE name = 'tick' AND tick_id = p_tick_id;
 END
 $$;
 COMMENT ON FUNCTION sftq.tick_finish(bigint, jsonb, timestamptz) IS
-    'Records what a tick saw and did, and releases the lease if this tick still holds it.';
+    'Records what a tick saw and did, and releases the lease if this tick still holds it. Locking contract: the lease row first, then this tick''s row: the order sftq.tick_begin takes them in (lease, then the abandoned tick''s row), so a finishing tick and a tick taking over its expired lease never deadlock.';
