@@ -14,20 +14,22 @@ from .conftest import Q
 # written by a trigger there): it widens the moment between locking the tick row and the rest
 # of sftq.tick_finish to half a second.
 SLOW_FINISH = """
-CREATE FUNCTION pg_temp.slow() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION sftq.test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN PERFORM pg_sleep(0.5); RETURN NULL; END $$;
 CREATE TRIGGER slow_finish AFTER UPDATE ON sftq.scheduler_ticks
     FOR EACH ROW WHEN (OLD.status = 'running' AND NEW.status IN ('ok', 'error'))
-    EXECUTE FUNCTION pg_temp.slow();
+    EXECUTE FUNCTION sftq.test_slow();
 """
 
 
 def test_a_finishing_tick_and_a_takeover_never_deadlock(db_url: str, q: Q) -> None:
     old = q.one("SELECT sftq.tick_begin('old', interval '10 milliseconds')")
     time.sleep(0.05)  # the old tick's lease has expired; it is still running
-    with psycopg.connect(db_url, autocommit=True) as c1, \
-            psycopg.connect(db_url, autocommit=True) as c2:
-        c1.execute(SLOW_FINISH.replace("pg_temp.slow", "sftq.test_slow"))
+    with (
+        psycopg.connect(db_url, autocommit=True) as c1,
+        psycopg.connect(db_url, autocommit=True) as c2,
+    ):
+        c1.execute(SLOW_FINISH)
 
         def finish() -> Any:
             return c1.execute("SELECT sftq.tick_finish(%s, '{}'::jsonb)", (old,)).fetchone()
