@@ -320,7 +320,8 @@ def _noadm_variant(conn: psycopg.Connection[Any]) -> None:
     conn.execute("ALTER TABLE sftq.job_events_noadm "
                  "ADD FOREIGN KEY (job_id) REFERENCES sftq.jobs_noadm (id)")
     row = conn.execute("SELECT pg_get_functiondef('sftq.enqueue(bigint, text, jsonb, text, "
-                       "integer, text, timestamptz)'::regprocedure)").fetchone()
+                       "integer, text, timestamptz, integer, uuid, integer)'::regprocedure)"
+                       ).fetchone()
     assert row is not None
     src = str(row[0])
     steps = [

@@ -74,6 +74,8 @@ _SQLSTATE: dict[str, tuple[type[SftqError], str]] = {
     "SQ419": (Conflict, "idempotency_conflict"),
     "SQ422": (Conflict, "illegal_transition"),
     "SQ423": (Conflict, "already_exists"),
+    # POST /jobs/{id}/retry on a job that is QUEUED, PROGRESS or SUCCESS (issue 10).
+    "SQ439": (Conflict, "job_not_retryable"),
 }
 
 
