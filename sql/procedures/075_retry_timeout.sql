@@ -84,7 +84,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sftq.expire_queued(timestamptz, integer) IS
-    'Cancels up to p_limit QUEUED jobs whose queue timeout has run out (queue_expires_at <= p_now), oldest deadline first: QUEUED -> CANCELLED with a queue_timeout event and an error saying it timed out in the queue. Answers how many. Locking contract: gate (shared), then the expired job rows (SKIP LOCKED, in deadline order), then each one''s user row.';
+    'Cancels up to p_limit QUEUED jobs whose queue timeout has run out (queue_expires_at <= p_now), oldest deadline first: QUEUED -> CANCELLED with a queue_timeout event and an error saying it timed out in the queue. Answers how many. Locking contract: gate (shared), then the expired job rows (SKIP LOCKED, in deadline order: a job being cancelled is left to that cancel), then each one''s user row, for which it may wait on a concurrent change of the same user; that change never waits for the rows the sweep holds, so there is no cycle.';
 
 -- ---------------------------------------------------------------------------
 -- HTTP entry points (SECURITY DEFINER, like sql/procedures/100_api.sql)
