@@ -586,9 +586,14 @@ class _Tick:
                 self.db.scalar(sql.RECORD_SUBMIT_SKIPPED,
                                (job_id, AUTH_REFUSED if self.auth_failed else NOT_ATTEMPTED))
                 continue
-            with contextlib.suppress(_ProviderDown):
+            try:
                 self.submit(job_id, str(job["kind"]), dict(job.get("fireworks_payload") or {}),
                             int(job["gpu_count"]))
+            except _ProviderDown:
+                # Its own create found the credentials refused: it waits, with the reason
+                # (no attempt counted), like the jobs after it.
+                self.db.scalar(sql.RECORD_SUBMIT_SKIPPED,
+                               (job_id, AUTH_REFUSED if self.auth_failed else NOT_ATTEMPTED))
 
     # -- phase 10: the second quota reading ---------------------------------------------
 

@@ -141,6 +141,7 @@ def test_credentials_refused_between_the_quota_read_and_the_create(
     for j in jobs:
         row = job(conn, j)
         assert (row["state"], row["error"], row["submit_attempts"]) == ("PROGRESS", None, 0)
+        assert "refused our credentials" in row["last_submit_error"]  # a visible reason
     assert health()["provider"] == "provider_auth_failed"
     sim.set_faults()
     assert tick()["submitted"] == 3
