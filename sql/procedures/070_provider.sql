@@ -83,6 +83,8 @@ BEGIN
     RETURN NEW;
 END
 $$;
+COMMENT ON FUNCTION sftq._jobs_failure_class() IS
+    'Trigger: a job entering FAIL without a failure_class gets unknown, so every FAIL carries one even from a path that names none (the scheduler''s paths all name one). Touches only the row being updated.';
 CREATE OR REPLACE TRIGGER jobs_failure_class
     BEFORE UPDATE OF state ON sftq.jobs
     FOR EACH ROW WHEN (NEW.state = 'FAIL' AND NEW.failure_class IS NULL)

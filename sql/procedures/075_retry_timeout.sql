@@ -118,7 +118,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sftq.api_submit(bytea, text, jsonb, text, integer, text, integer, integer) IS
-    'POST /jobs with a queue timeout: authenticates, then sftq.enqueue with the caller''s queue_timeout_seconds (or the operator''s default). The same answer as sftq.api_enqueue, which stays for callers without a timeout.';
+    'POST /jobs with a queue timeout: authenticates, then sftq.enqueue with the caller''s queue_timeout_seconds (or the operator''s default). The same answer as sftq.api_enqueue, which stays for callers without a timeout. Locking contract: as sftq.enqueue.';
 
 CREATE OR REPLACE FUNCTION sftq.api_retry_job(
     p_key_hash               bytea,
@@ -143,4 +143,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sftq.api_retry_job(bytea, uuid, text, integer) IS
-    'POST /jobs/:id/retry. Authenticates, then sftq.retry_job; answers the enqueue shape plus retry_of, and whether an Idempotency-Key replayed.';
+    'POST /jobs/:id/retry. Authenticates, then sftq.retry_job; answers the enqueue shape plus retry_of, and whether an Idempotency-Key replayed. Locking contract: as sftq.retry_job.';
