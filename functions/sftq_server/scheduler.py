@@ -527,9 +527,10 @@ class _Tick:
             # A cancel arrived while the create was in flight: stop it right away.
             self._stop_and_complete(job_id, kind, pid, submitted=True, after_create=True)
             return
-        # The create's answer may already say more than CREATING (an adopted job may even
-        # have ended): record it like any reconcile.
-        if pj.state is not None:
+        # An adopted job may have run for a while (or even ended): record what the provider
+        # says of it like any reconcile. A fresh create's answer is its first state, which
+        # record_submitted stored already.
+        if adopted and pj.state is not None:
             answer2 = _as_dict(self.call(sql.OBSERVE_PROVIDER_JOB,
                                          (job_id, json.dumps(observation(pj))),
                                          f"submit {job_id}"))
