@@ -124,7 +124,8 @@ class FaultySim(Simulator):
         self.lost_seconds = lost_seconds
         self.forbidden_rate = forbidden_rate
         self.aborted_rate = aborted_rate
-        self.forbidden: set[str] = set()
+        self.forbidden: set[str] = set()  # also jobs a test marks by hand
+        self.forbidden_drawn = 0
         self.aborted = 0
         self.draw_by = draw_by
         self._drawn: set[str] = set()
@@ -174,8 +175,9 @@ class FaultySim(Simulator):
             if op == "create" and provider_id and provider_id not in self._drawn:
                 self._drawn.add(provider_id)
                 if self.forbidden_rate and (self._wrng.random() < self.forbidden_rate
-                                            or (self._due() and not self.forbidden)):
+                                            or (self._due() and not self.forbidden_drawn)):
                     self.forbidden.add(provider_id)
+                    self.forbidden_drawn += 1
             drawn = None
             if op == "create" and provider_id in self.forbidden:
                 drawn = "403"

@@ -304,7 +304,8 @@ def test_faults_kills_and_restarts_end_consistent(
         "creates_adopted_after_409": adopted, "drain_ticks": drain_ticks,
         "cancels_of_running_jobs": cancels_running,
         "jobs_by_state": by_state, "fail_by_class": by_class,
-        "jobs_refused_403": len(sim.forbidden), "refused_job": list(refused_row or ()),
+        "jobs_refused_403": len(sim.forbidden), "jobs_refused_403_drawn": sim.forbidden_drawn,
+        "refused_job": list(refused_row or ()),
         "creates_409_aborted": sum(1 for a in sim.snapshot() if a.fault == "forced-409"),
     })
     (tmp_path / "figures.json").write_text(json.dumps(figures, default=str))
@@ -319,7 +320,8 @@ def test_faults_kills_and_restarts_end_consistent(
     assert client_stats.requests >= 5 * seconds, figures
     assert not client_stats.problems, client_stats.problems[:10]
     # The random draws did happen, so the checks above had something to check.
-    assert figures["jobs_refused_403"] >= 2 and figures["creates_409_aborted"] >= 1, figures
+    assert figures["jobs_refused_403_drawn"] >= 1 and figures["creates_409_aborted"] >= 1, \
+        figures
     assert figures["refused_job"] == ["FAIL", "permanent"], figures
 
 
