@@ -17,19 +17,26 @@ __all__ = [
     "STATES",
     "TERMINAL_STATES",
     "CancelResult",
+    "EndEvent",
     "Job",
     "JobAnalytics",
     "JobPage",
     "Kind",
+    "Progress",
+    "ProgressEvent",
     "ProgressJob",
     "QueueContext",
+    "QueueEvent",
     "QueuedJob",
     "RecentFailure",
     "RetryResult",
     "State",
+    "StatusEvent",
+    "StreamEvent",
     "SubmitResult",
     "Summary",
     "Timeline",
+    "WaitingReason",
 ]
 
 Kind = Literal["SFT", "DPO", "RFT"]
@@ -193,3 +200,61 @@ class JobAnalytics(_Model):
     run_duration_seconds: float | None = None
     gpu_hours: float | None = None
     error: str | None = None
+
+
+# ---- the live stream (GET /jobs/{id}/stream, GET /jobs/stream) ----------------------------------
+
+
+class Progress(_Model):
+    """How far a running job is, as the provider last reported it."""
+
+    percent: float | None = None
+    epoch: int | None = None
+
+
+class WaitingReason(_Model):
+    """Why a queued job waits: a machine ``code`` and a sentence for a person."""
+
+    code: str
+    message: str | None = None
+
+
+class StatusEvent(_Model):
+    """``event: status``: the job record right after a change of state (or on connect)."""
+
+    type: Literal["status"] = "status"
+    id: str
+    job: Job
+
+
+class ProgressEvent(_Model):
+    """``event: progress``: the provider's sub-state or progress of a running job changed."""
+
+    type: Literal["progress"] = "progress"
+    id: str
+    job_id: str
+    provider_state: str | None = None
+    progress: Progress | None = None
+    estimated_finish_at: datetime | None = None
+
+
+class QueueEvent(_Model):
+    """``event: queue``: a tick changed a queued job's position, waiting reason or estimate."""
+
+    type: Literal["queue"] = "queue"
+    id: str
+    job_id: str
+    queue_position: int | None = None
+    waiting_reason: WaitingReason | None = None
+    estimated_start_at: datetime | None = None
+
+
+class EndEvent(_Model):
+    """``event: end``: the job reached a terminal state; the stream is over."""
+
+    type: Literal["end"] = "end"
+    id: str
+    job_id: str | None = None
+
+
+StreamEvent = StatusEvent | ProgressEvent | QueueEvent | EndEvent

@@ -38,6 +38,7 @@ from .models import (
     SubmitRequest,
 )
 from .settings import Settings
+from .stream_paths import stream_unavailable
 from .web import JSON_HEADERS, App, Request, Response, Router
 
 logger = logging.getLogger("sftq.api")
@@ -50,7 +51,8 @@ _UUID_RE = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
 _CURSOR_RE = re.compile(r"[0-9]{1,17}_[0-9a-f]{32}")
 _LIMIT_RE = re.compile(r"[0-9]{1,4}")
 _IDEMPOTENCY_RE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
-_LIST_PARAMS = frozenset({"state", "kind", "limit", "cursor"})
+_LIST_PARAMS = frozenset({"state", "kind", "limit", "cursor", "id_prefix"})
+_ID_PREFIX_RE = re.compile(r"[0-9a-fA-F-]{8,36}")
 _KEY_PREFIX_LEN = 13  # what sftq.api_keys.prefix stores: safe to log, useless to an attacker
 
 CANCEL_PENDING_MESSAGE = "cancel recorded; the scheduler will finish it at its next tick"
@@ -205,6 +207,10 @@ def _submit_error(exc: ValidationError) -> SftqError:
     return BadRequest("; ".join(d["message"] for d in details), detail=details)
 
 
+def _upper(value: str | None) -> str | None:
+    return None if value is None else value.upper()
+
+
 def _body(row: tuple[Any, ...] | None) -> tuple[Any, ...]:
     if row is None or row[0] is None:
         raise SftqError("the database answered no row")
@@ -252,10 +258,11 @@ class JobsApi:
         if request.repeated_params:
             raise BadRequest(f"query parameter(s) given more than once: "
                              f"{', '.join(sorted(request.repeated_params))}")
-        state = query.get("state")
+        # States and kinds are case-insensitive (?state=queued), as in the client and the CLI.
+        state = _upper(query.get("state"))
         if state is not None and state not in STATES:
             raise BadRequest("state must be one of " + ", ".join(STATES))
-        kind = query.get("kind")
+        kind = _upper(query.get("kind"))
         if kind is not None and kind not in KINDS:
             raise BadRequest("kind must be one of " + ", ".join(KINDS))
         limit = DEFAULT_PAGE_SIZE
@@ -268,6 +275,9 @@ class JobsApi:
         if cursor is not None and not _CURSOR_RE.fullmatch(cursor):
             raise BadRequest("cursor is not valid; use the X-Next-Cursor value of the "
                              "previous page")
+        id_prefix = query.get("id_prefix")
+        if id_prefix is not None:
+            return self._jobs_by_id_prefix(key_hash, id_prefix, state, kind, limit, cursor)
         body, next_cursor = _body(self.db.fetchone(
             dbmod.API_LIST_JOBS, (key_hash, state, kind, limit, cursor)))
         headers = list(JSON_HEADERS)
@@ -277,6 +287,19 @@ class JobsApi:
             link = f"{request.script_name}/jobs?{urlencode(params, quote_via=quote)}"
             headers += [("X-Next-Cursor", next_cursor), ("Link", f'<{link}>; rel="next"')]
         return Response(200, body.encode(), headers)
+
+    # GET /jobs?id_prefix=: one page of the caller's jobs whose id starts so, never paged.
+    def _jobs_by_id_prefix(self, key_hash: bytes, prefix: str, state: str | None,
+                           kind: str | None, limit: int, cursor: str | None) -> Response:
+        if cursor is not None:
+            raise BadRequest("cursor and id_prefix do not go together: an id_prefix answer "
+                             "is one page")
+        if not _ID_PREFIX_RE.fullmatch(prefix) or len(prefix.replace("-", "")) < 8:
+            raise BadRequest("id_prefix must be 8 to 32 hexadecimal digits of a job id "
+                             "(dashes allowed)")
+        body = _body(self.db.fetchone(dbmod.API_JOBS_BY_ID_PREFIX,
+                                      (key_hash, prefix, state, kind, limit)))[0]
+        return Response(200, body.encode(), list(JSON_HEADERS))
 
     # GET /jobs/{id}
     def get_job(self, request: Request, raw_id: str) -> Response:
@@ -410,6 +433,10 @@ def make_jobs_api(settings: Settings, *, db: dbmod.Database | None = None,
     router.add("POST", "/jobs/{id}/retry", functools.partial(retry_job, api))
     router.add("GET", "/health", api.health)
     router.add("GET", "/openapi.json", api.openapi)
+    # The live stream is served by an async server (functions/jobs_stream.py, the gateway);
+    # here the two paths answer 501 so that clients poll instead.
+    router.add("GET", "/jobs/stream", stream_unavailable)
+    router.add("GET", "/jobs/{id}/stream", stream_unavailable)
     return ApiApp(router, api, name="jobs-api", mount_prefix="/functions/v1/jobs-api")
 
 

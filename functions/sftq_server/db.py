@@ -39,6 +39,24 @@ API_JOB_ANALYTICS = "SELECT sftq.api_job_analytics(%s, %s)::text"
 # The database answers (health probe).
 API_HEALTH = "SELECT sftq.api_health()::text"
 
+# --- the live stream (stream.py): one open per stream, one poll per instance ------
+# Authenticate, check the job, validate Last-Event-ID, register the watcher; a meta row, then
+# the snapshot or the first page after Last-Event-ID.
+STREAM_OPEN = (
+    "SELECT frame, id, txid, job_id, user_id, state, data "
+    "FROM sftq.api_stream_open(%s, %s, %s, %s, %s::xid8, %s, %s)"
+)
+# The next page of a stream's backlog (for a user this instance registered).
+STREAM_BACKLOG = (
+    "SELECT frame, id, txid, job_id, user_id, state, data "
+    "FROM sftq.stream_backlog(%s, %s, %s, %s::xid8, %s, %s::xid8, %s)"
+)
+# The instance's poll: new frames of its watched users; with key hashes, refresh the watchers.
+STREAM_POLL = (
+    "SELECT frame, id, txid, job_id, user_id, state, data "
+    "FROM sftq.stream_poll(%s, %s::xid8, %s, %s, %s, %s)"
+)
+
 # --- scheduler ---------------------------------------------------------------------
 # Take the tick lease; NULL when another tick holds it.
 TICK_BEGIN = "SELECT sftq.tick_begin(%s, make_interval(secs => %s))"
@@ -95,6 +113,16 @@ SET_CAP = "SELECT sftq.set_cap(%s, %s)"
 USER_EXISTS = "SELECT EXISTS (SELECT 1 FROM sftq.users WHERE name = %s)"
 # Whether a key (by its SHA-256) still authenticates: the dev stack reuses a stored demo key.
 KEY_IS_ACTIVE = "SELECT sftq.authenticate(%s) IS NOT NULL"
+
+# --- jobs-api: job id prefixes (ux) -------------------------------------------------
+# Authenticate + the caller's jobs whose id starts with a hex prefix (GET /jobs?id_prefix=).
+API_JOBS_BY_ID_PREFIX = "SELECT sftq.api_jobs_by_id_prefix(%s, %s, %s, %s, %s)::text"
+
+# --- admin: disabling users (ux) ---------------------------------------------------
+# Disable (true) or re-enable (false) a user; keys refused and queued jobs held while disabled.
+SET_USER_DISABLED = "SELECT sftq.set_user_disabled(%s, %s)"
+# A user's running and queued job counts and when they were disabled (NULL: enabled).
+USER_STATUS = "SELECT running_count, queued_count, disabled_at FROM sftq.users WHERE name = %s"
 
 
 def connect_kwargs() -> dict[str, Any]:

@@ -57,6 +57,9 @@ class Settings:
     queue_timeout_seconds: int | None = None
     # When a kind's list call fails, GET this many of its least recently checked jobs.
     reconcile_get_limit: int = 20
+    # Set (SFTQ_DEV_STACK=1) only by a local development stack: scheduler-tick then accepts a
+    # tick secret shorter than 32 characters. Everywhere else a short one stops it starting.
+    dev_stack: bool = False
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -78,6 +81,7 @@ class Settings:
             submit_backoff_seconds=_float("SFTQ_SUBMIT_BACKOFF_SECONDS", 5.0),
             queue_timeout_seconds=_queue_timeout("SFTQ_QUEUE_TIMEOUT_SECONDS"),
             reconcile_get_limit=_int("SFTQ_RECONCILE_GET_LIMIT", 20),
+            dev_stack=os.environ.get("SFTQ_DEV_STACK", "") == "1",
         )
 
 

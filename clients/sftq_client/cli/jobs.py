@@ -11,9 +11,11 @@ from datetime import UTC, datetime
 from itertools import islice
 from typing import Any, Final, TextIO
 
+from .._client import MIN_ID_PREFIX
 from ..models import KINDS, STATES, CancelResult, Job, RetryResult
 from ._common import (
     EXIT_OK,
+    ID_HELP,
     CommandFactory,
     Context,
     UsageError,
@@ -23,10 +25,12 @@ from ._common import (
     exit_for_job,
     fmt_duration,
     fmt_time,
+    one_line,
     out,
     positive_int,
     print_job,
     print_json,
+    resolve_job,
     table,
     upper_choice,
 )
@@ -120,17 +124,11 @@ class _Progress:
 def _wait_and_report(
     ctx: Context, job_id: str, *, interval: float, timeout: float | None, as_json: bool
 ) -> int:
-    progress = _Progress(sys.stderr, ctx.stderr_tty)
-    try:
-        job = ctx.client.wait(
-            job_id,
-            poll_interval=interval,
-            max_interval=max(60.0, interval),
-            timeout=timeout,
-            on_progress=progress,
-        )
-    finally:
-        progress.close()
+    # Through the job's stream (each change within about a second), polling where the server
+    # does not stream (sftq_client.cli.watch.wait_live).
+    from .watch import wait_live
+
+    job = wait_live(ctx, job_id, interval=interval, timeout=timeout)
     print_job(job, as_json)
     return exit_for_job(job)
 
@@ -159,10 +157,13 @@ def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_OK
 
 
-_JOB_COLUMNS: Final = ("ID", "KIND", "STATE", "GPUS", "CREATED", "STARTED", "COMPLETED", "NAME")
+_WIDE_COLUMNS: Final = ("ID", "KIND", "STATE", "GPUS", "CREATED", "STARTED", "COMPLETED", "NAME")
+_COLUMNS: Final = ("ID", "KIND", "STATE", "GPUS", "CREATED", "RAN", "NAME")
+# `sftq list` fits a terminal this wide unless --wide.
+LIST_WIDTH: Final = 100
 
 
-def _job_row(job: Job) -> list[object]:
+def _wide_row(job: Job) -> list[object]:
     return [
         job.id,
         job.kind,
@@ -173,6 +174,46 @@ def _job_row(job: Job) -> list[object]:
         job.completed_at,
         job.display_name,
     ]
+
+
+def short_ids(jobs: list[Job]) -> dict[str, str]:
+    """Each id cut to the shortest prefix (8 characters at least) that tells these jobs apart:
+    what `get`, `cancel`, `wait` and the rest accept."""
+    n = MIN_ID_PREFIX
+    while len({j.id[:n] for j in jobs}) < len({j.id for j in jobs}):
+        n += 1
+    return {j.id: j.id[:n] for j in jobs}
+
+
+def _ran(job: Job, now: datetime) -> str:
+    """How long it has run (or ran): from admission to its end, or to now."""
+    if job.started_at is None:
+        return "-"
+    end = job.completed_at or now
+    return fmt_duration(max(0.0, (end - job.started_at).total_seconds()))
+
+
+def _narrow_table(jobs: list[Job]) -> str:
+    ids = short_ids(jobs)
+    now = datetime.now(UTC)
+    cells = [
+        [
+            ids[j.id],
+            j.kind,
+            j.state,
+            str(j.gpu_count),
+            j.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"),
+            _ran(j, now),
+        ]
+        for j in jobs
+    ]
+    # The name is last and takes what is left of the width, cut with "..." when longer.
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(_COLUMNS[:-1])]
+    room = max(LIST_WIDTH - sum(w + 2 for w in widths), len("NAME"))
+    rows: list[list[object]] = [
+        [*r, one_line(j.display_name, room)] for r, j in zip(cells, jobs, strict=True)
+    ]
+    return table(_COLUMNS, rows)
 
 
 def _cmd_list(args: argparse.Namespace, ctx: Context) -> int:
@@ -187,8 +228,10 @@ def _cmd_list(args: argparse.Namespace, ctx: Context) -> int:
         jobs, more = page.items, page.has_more
     if args.json:
         print_json(jobs)
+    elif jobs and args.wide:
+        out(table(_WIDE_COLUMNS, [_wide_row(j) for j in jobs]))
     elif jobs:
-        out(table(_JOB_COLUMNS, [_job_row(j) for j in jobs]))
+        out(_narrow_table(jobs))
     else:
         out("no jobs")
     if more:
@@ -197,12 +240,12 @@ def _cmd_list(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _cmd_get(args: argparse.Namespace, ctx: Context) -> int:
-    print_job(ctx.client.get(args.job_id), args.json)
+    print_job(ctx.client.get(resolve_job(ctx, args.job_id)), args.json)
     return EXIT_OK
 
 
 def _cmd_cancel(args: argparse.Namespace, ctx: Context) -> int:
-    result: CancelResult = ctx.client.cancel(args.job_id)
+    result: CancelResult = ctx.client.cancel(resolve_job(ctx, args.job_id))
     if args.json:
         print_json(result)
     elif result.pending:
@@ -214,7 +257,8 @@ def _cmd_cancel(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _cmd_retry(args: argparse.Namespace, ctx: Context) -> int:
-    result: RetryResult = ctx.client.retry(args.job_id, idempotency_key=args.idempotency_key)
+    result: RetryResult = ctx.client.retry(resolve_job(ctx, args.job_id),
+                                           idempotency_key=args.idempotency_key)
     if args.wait:
         err(f"queued {result.id} ({result.kind}), a retry of {result.retry_of}; "
             "waiting for it to finish")
@@ -232,7 +276,11 @@ def _cmd_retry(args: argparse.Namespace, ctx: Context) -> int:
 
 def _cmd_wait(args: argparse.Namespace, ctx: Context) -> int:
     return _wait_and_report(
-        ctx, args.job_id, interval=args.interval, timeout=args.timeout, as_json=args.json
+        ctx,
+        resolve_job(ctx, args.job_id),
+        interval=args.interval,
+        timeout=args.timeout,
+        as_json=args.json,
     )
 
 
@@ -278,21 +326,26 @@ def register(command: CommandFactory) -> None:
         "--limit", type=positive_int, metavar="N", help="show at most N jobs (pages as needed)"
     )
     amount.add_argument("--all", action="store_true", help="show every job (follows all pages)")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help=f"full ids and timestamps (default: fits {LIST_WIDTH} columns, short ids)",
+    )
     add_json(p)
     p.set_defaults(handler=_cmd_list)
 
     p = command("get", "show one job")
-    p.add_argument("job_id", metavar="ID")
+    p.add_argument("job_id", metavar="ID", help=ID_HELP)
     add_json(p)
     p.set_defaults(handler=_cmd_get)
 
     p = command("cancel", "cancel a queued or running job")
-    p.add_argument("job_id", metavar="ID")
+    p.add_argument("job_id", metavar="ID", help=ID_HELP)
     add_json(p)
     p.set_defaults(handler=_cmd_cancel)
 
     p = command("retry", "enqueue a FAIL or CANCELLED job again, as a new job")
-    p.add_argument("job_id", metavar="ID")
+    p.add_argument("job_id", metavar="ID", help=ID_HELP)
     p.add_argument(
         "--idempotency-key",
         metavar="KEY",
@@ -304,7 +357,7 @@ def register(command: CommandFactory) -> None:
     p.set_defaults(handler=_cmd_retry)
 
     p = command("wait", "wait until a job is SUCCESS, FAIL or CANCELLED")
-    p.add_argument("job_id", metavar="ID")
+    p.add_argument("job_id", metavar="ID", help=ID_HELP)
     add_wait_options(p)
     add_json(p)
     p.set_defaults(handler=_cmd_wait)
