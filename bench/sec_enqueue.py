@@ -307,7 +307,9 @@ def _noadm_variant(conn: psycopg.Connection[Any]) -> None:
     conn.execute("ALTER TABLE sftq.jobs_noadm ADD FOREIGN KEY (user_id) REFERENCES sftq.users (id)")
     for (name,) in conn.execute(
             "SELECT indexname FROM pg_indexes WHERE schemaname = 'sftq' "
-            "AND tablename = 'jobs_noadm' AND indexdef LIKE '%QUEUED%'").fetchall():
+            "AND tablename = 'jobs_noadm' AND indexdef LIKE '%QUEUED%' "
+            # The queue-timeout sweep's index is not admission bookkeeping: it stays.
+            "AND indexdef NOT LIKE '%queue_expires_at%'").fetchall():
         conn.execute(f"DROP INDEX sftq.{name}")
     left = conn.execute("SELECT count(*) FROM pg_indexes WHERE schemaname = 'sftq' "
                         "AND tablename = 'jobs_noadm'").fetchone()
@@ -320,7 +322,8 @@ def _noadm_variant(conn: psycopg.Connection[Any]) -> None:
     conn.execute("ALTER TABLE sftq.job_events_noadm "
                  "ADD FOREIGN KEY (job_id) REFERENCES sftq.jobs_noadm (id)")
     row = conn.execute("SELECT pg_get_functiondef('sftq.enqueue(bigint, text, jsonb, text, "
-                       "integer, text, timestamptz)'::regprocedure)").fetchone()
+                       "integer, text, timestamptz, integer, uuid, integer)'::regprocedure)"
+                       ).fetchone()
     assert row is not None
     src = str(row[0])
     steps = [

@@ -53,6 +53,7 @@ from .models import (
     JobPage,
     Kind,
     QueueContext,
+    RetryResult,
     State,
     StreamEvent,
     SubmitResult,
@@ -311,6 +312,7 @@ class _Core:
         display_name: str | None,
         gpu_count: int | None,
         idempotency_key: str | None,
+        queue_timeout_seconds: int | None = None,
     ) -> _Call[SubmitResult]:
         if not isinstance(fireworks_payload, Mapping):
             raise TypeError(
@@ -323,6 +325,8 @@ class _Core:
             body["display_name"] = display_name
         if gpu_count is not None:
             body["gpu_count"] = gpu_count
+        if queue_timeout_seconds is not None:
+            body["queue_timeout_seconds"] = queue_timeout_seconds
         # Generated once per submit() and reused by every retry: the server dedupes on it, which is
         # the only thing that makes retrying a POST safe.
         key = idempotency_key or str(uuid.uuid4())
@@ -385,6 +389,16 @@ class _Core:
         if job.state != "CANCELLED":
             raise error
         return CancelResult.model_validate({**job.model_dump(), "pending": False})
+
+    def retry(self, job_id: str, *, idempotency_key: str | None) -> _Call[RetryResult]:
+        # As for submit: one key for every attempt, so a retried POST makes one new job.
+        key = idempotency_key or str(uuid.uuid4())
+        return _Call(
+            "POST",
+            _job_path(job_id, "/retry"),
+            _model_parser(RetryResult),
+            headers={"Idempotency-Key": key},
+        )
 
     def queue_context(self) -> _Call[QueueContext]:
         return _Call("GET", "/jobs/analytics/queue", _model_parser(QueueContext))
@@ -628,8 +642,13 @@ class Client:
         display_name: str | None = None,
         gpu_count: int | None = None,
         idempotency_key: str | None = None,
+        queue_timeout_seconds: int | None = None,
     ) -> SubmitResult:
-        """Enqueue a job. A fresh Idempotency-Key is generated unless one is given."""
+        """Enqueue a job. A fresh Idempotency-Key is generated unless one is given.
+
+        ``queue_timeout_seconds`` (1 to 2,592,000): if the job is still QUEUED that long after
+        it was submitted, the scheduler cancels it.
+        """
         return self._send(
             self._core.submit(
                 kind,
@@ -637,6 +656,7 @@ class Client:
                 display_name=display_name,
                 gpu_count=gpu_count,
                 idempotency_key=idempotency_key,
+                queue_timeout_seconds=queue_timeout_seconds,
             )
         )
 
@@ -689,6 +709,15 @@ class Client:
 
     def get(self, job_id: str) -> Job:
         return self._send(self._core.get(job_id))
+
+    def retry(self, job_id: str, *, idempotency_key: str | None = None) -> RetryResult:
+        """Enqueue a FAIL or CANCELLED job again as a new job (same kind, payload, display name
+        and GPUs) at the back of the queue; the answer's ``retry_of`` names the old one.
+
+        Raises :class:`Conflict` for a job that is QUEUED, PROGRESS or SUCCESS and
+        :class:`NotFound` for one that is not yours.
+        """
+        return self._send(self._core.retry(job_id, idempotency_key=idempotency_key))
 
     def cancel(self, job_id: str) -> CancelResult:
         """Cancel a job; ``pending`` tells a finished cancel from one the scheduler completes."""
@@ -842,6 +871,7 @@ class AsyncClient:
         display_name: str | None = None,
         gpu_count: int | None = None,
         idempotency_key: str | None = None,
+        queue_timeout_seconds: int | None = None,
     ) -> SubmitResult:
         return await self._send(
             self._core.submit(
@@ -850,6 +880,7 @@ class AsyncClient:
                 display_name=display_name,
                 gpu_count=gpu_count,
                 idempotency_key=idempotency_key,
+                queue_timeout_seconds=queue_timeout_seconds,
             )
         )
 
@@ -896,6 +927,9 @@ class AsyncClient:
 
     async def get(self, job_id: str) -> Job:
         return await self._send(self._core.get(job_id))
+
+    async def retry(self, job_id: str, *, idempotency_key: str | None = None) -> RetryResult:
+        return await self._send(self._core.retry(job_id, idempotency_key=idempotency_key))
 
     async def cancel(self, job_id: str) -> CancelResult:
         try:

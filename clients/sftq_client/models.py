@@ -29,6 +29,7 @@ __all__ = [
     "QueueEvent",
     "QueuedJob",
     "RecentFailure",
+    "RetryResult",
     "State",
     "StatusEvent",
     "StreamEvent",
@@ -67,6 +68,11 @@ class Job(_Model):
     completed_at: datetime | None = None
     error: str | None = None
     fireworks_job_name: str | None = None
+    # Added after the contract's fields; absent from older servers, hence the defaults.
+    # For a FAIL job: "permanent", "retryable" or "unknown" (is a retry worth it?).
+    failure_class: str | None = None
+    # The job this one retries (made by :meth:`Client.retry`).
+    retry_of: str | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -81,6 +87,12 @@ class SubmitResult(_Model):
     kind: Kind
     state: State
     created_at: datetime
+
+
+class RetryResult(SubmitResult):
+    """The answer to ``POST /jobs/{id}/retry``: the new job, and the job it retries."""
+
+    retry_of: str
 
 
 class CancelResult(Job):

@@ -8,6 +8,7 @@ without the database: a malformed key, an invalid body or query, a path id that 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -22,6 +23,7 @@ from urllib.parse import quote, urlencode
 from pydantic import ValidationError
 
 from . import db as dbmod
+from .api_retry import retry_job
 from .errors import BadRequest, NotFound, SftqError, Unauthorized, Unavailable, UnsupportedMediaType
 from .models import (
     DEFAULT_PAGE_SIZE,
@@ -30,6 +32,7 @@ from .models import (
     MAX_GPU_COUNT,
     MAX_IDEMPOTENCY_KEY,
     MAX_PAGE_SIZE,
+    MAX_QUEUE_TIMEOUT,
     STATES,
     SUBMIT_FIELDS,
     SubmitRequest,
@@ -139,6 +142,8 @@ _FIELD_MESSAGES = {
     "fireworks_payload": "fireworks_payload must be a JSON object",
     "gpu_count": f"gpu_count must be an integer from 1 to {MAX_GPU_COUNT}",
     "display_name": f"display_name must be a string of at most {MAX_DISPLAY_NAME} characters",
+    "queue_timeout_seconds": f"queue_timeout_seconds must be an integer from 1 to "
+                             f"{MAX_QUEUE_TIMEOUT} (30 days)",
 }
 
 
@@ -233,8 +238,9 @@ class JobsApi:
         check_json_content_type(request)
         idem = idempotency_key(request)
         req, payload = parse_submit(request.read_body(self.max_body))
-        params = (key_hash, req.kind, payload, req.display_name, req.gpu_count, idem)
-        body, replayed, job_id = _body(self.db.fetchone(dbmod.API_ENQUEUE, params))
+        params = (key_hash, req.kind, payload, req.display_name, req.gpu_count, idem,
+                  req.queue_timeout_seconds, self.settings.queue_timeout_seconds)
+        body, replayed, job_id = _body(self.db.fetchone(dbmod.API_SUBMIT, params))
         request.job_id = job_id = str(job_id)
         headers = [*JSON_HEADERS, ("Location", f"{request.script_name}/jobs/{job_id}")]
         if replayed:
@@ -424,6 +430,7 @@ def make_jobs_api(settings: Settings, *, db: dbmod.Database | None = None,
     router.add("GET", "/jobs/{id}", api.get_job)
     router.add("DELETE", "/jobs/{id}", api.cancel_job)
     router.add("GET", "/jobs/{id}/analytics", api.job_analytics)
+    router.add("POST", "/jobs/{id}/retry", functools.partial(retry_job, api))
     router.add("GET", "/health", api.health)
     router.add("GET", "/openapi.json", api.openapi)
     # The live stream is served by an async server (functions/jobs_stream.py, the gateway);

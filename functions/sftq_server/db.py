@@ -103,6 +103,32 @@ WEBHOOK_RECORD_ATTEMPT = (
 )
 # Drop attempts and finished deliveries older than N days.
 WEBHOOK_PRUNE = "SELECT sftq.webhook_prune(now() - make_interval(days => %s))"
+# --- tick: bounded submissions, provider progress, queue timeouts, the usage reading ---
+# A failed create: transient (backoff; answers whether attempts or time ran out) or rejected.
+RECORD_SUBMIT_FAILURE = (
+    "SELECT sftq.record_submit_failure(%s, %s, %s, %s, %s::float8, %s::float8)"
+)
+# An admitted job the tick did not try to create: the reason, no attempt counted.
+RECORD_SUBMIT_SKIPPED = "SELECT sftq.record_submit_skipped(%s, %s)"
+# No provider job exists under the id after the last attempt: PROGRESS -> FAIL (retryable).
+GIVE_UP_SUBMISSION = "SELECT sftq.give_up_submission(%s)"
+# What the provider says of one PROGRESS job: state, message, status code, progress, cost.
+OBSERVE_PROVIDER_JOB = "SELECT sftq.observe_provider_job(%s, %s::jsonb)"
+# Two quota readings around a tick's creates: mark our jobs the provider's usage now counts.
+RECORD_USAGE_READING = (
+    "SELECT sftq.record_usage_reading(%s::numeric, %s::numeric, make_interval(secs => %s))"
+)
+# Cancel QUEUED jobs whose queue timeout ran out; answers how many.
+EXPIRE_QUEUED = "SELECT sftq.expire_queued()"
+
+# --- jobs-api: retry and queue timeouts -----------------------------------------------
+# Authenticate + enqueue with the caller's queue timeout (or the operator's default).
+API_SUBMIT = (
+    "SELECT body::text, replayed, job_id "
+    "FROM sftq.api_submit(%s, %s, %s::jsonb, %s, %s, %s, %s, %s)"
+)
+# Authenticate + retry one of the caller's FAIL or CANCELLED jobs as a new job.
+API_RETRY_JOB = "SELECT body::text, replayed, job_id FROM sftq.api_retry_job(%s, %s, %s, %s)"
 
 # --- admin -------------------------------------------------------------------------
 CREATE_USER = "SELECT sftq.create_user(%s)"

@@ -76,6 +76,8 @@ _SQLSTATE: dict[str, tuple[type[SftqError], str]] = {
     "SQ423": (Conflict, "already_exists"),
     "SQ440": (BadRequest, "too_many_webhooks"),
     "SQ441": (Conflict, "webhook_disabled"),
+    # POST /jobs/{id}/retry on a job that is QUEUED, PROGRESS or SUCCESS (issue 10).
+    "SQ439": (Conflict, "job_not_retryable"),
 }
 
 

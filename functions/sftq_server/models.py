@@ -26,6 +26,7 @@ MAX_DISPLAY_NAME = 256
 MAX_IDEMPOTENCY_KEY = 255
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
+MAX_QUEUE_TIMEOUT = 2_592_000  # 30 days
 
 
 class _Strict(BaseModel):
@@ -40,6 +41,8 @@ class SubmitRequest(_Strict):
     fireworks_payload: dict[str, Any]
     display_name: StrictStr | None = Field(default=None, max_length=MAX_DISPLAY_NAME)
     gpu_count: StrictInt = Field(default=DEFAULT_GPU_COUNT, ge=1, le=MAX_GPU_COUNT)
+    # How long the job may stay QUEUED before the scheduler cancels it (issue 10).
+    queue_timeout_seconds: StrictInt | None = Field(default=None, ge=1, le=MAX_QUEUE_TIMEOUT)
 
 
 SUBMIT_FIELDS: frozenset[str] = frozenset(SubmitRequest.model_fields)
@@ -69,6 +72,15 @@ class Job(_Body):
     completed_at: str | None
     error: str | None
     fireworks_job_name: str | None
+    # Added after the contract's fields (issue 10).
+    failure_class: Literal["permanent", "retryable", "unknown"] | None
+    retry_of: UUID | None
+
+
+class RetryResponse(SubmitResponse):
+    """POST /jobs/{id}/retry: the new job, in the enqueue shape, and the job it retries."""
+
+    retry_of: UUID
 
 
 class CancelAccepted(Job):
@@ -160,6 +172,8 @@ class Health(_Body):
     status: Literal["ok"]
     database: Literal["ok"]
     last_tick: str | None
+    # Whether the provider accepts our credentials, as the newest tick that asked found.
+    provider: Literal["ok", "provider_auth_failed"] | None
 
 
 class Error(_Body):

@@ -81,6 +81,26 @@ _RUNNING = frozenset(
     }
 )
 _unknown_states_logged: set[str] = set()
+# google.rpc codes by number, for error bodies that carry the code as an int.
+_RPC_NAMES = {
+    0: "OK",
+    1: "CANCELLED",
+    2: "UNKNOWN",
+    3: "INVALID_ARGUMENT",
+    4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND",
+    6: "ALREADY_EXISTS",
+    7: "PERMISSION_DENIED",
+    8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION",
+    10: "ABORTED",
+    11: "OUT_OF_RANGE",
+    12: "UNIMPLEMENTED",
+    13: "INTERNAL",
+    14: "UNAVAILABLE",
+    15: "DATA_LOSS",
+    16: "UNAUTHENTICATED",
+}
 
 
 def provider_job_id(job_id: uuid.UUID | str) -> str:
@@ -94,18 +114,42 @@ def provider_job_id(job_id: uuid.UUID | str) -> str:
     return "sftq-" + parsed.hex
 
 
+def normalize_state(state: str | None) -> str | None:
+    """A provider state in one spelling: upper case with the JOB_STATE_ prefix.
+
+    Fireworks documents prefixed names; some answers (and older SDKs) use the bare ones
+    (`COMPLETED`). sftq.map_provider_state in SQL spells the same rule; a test holds the
+    two to each other.
+    """
+    if not state or not state.strip():
+        return None
+    short = state.strip().upper().removeprefix("JOB_STATE_")
+    return "JOB_STATE_" + short
+
+
+def is_known_state(state: str | None) -> bool:
+    normalized = normalize_state(state)
+    if normalized is None:
+        return False
+    short = normalized.removeprefix("JOB_STATE_")
+    return short in _TERMINAL or short in _RUNNING
+
+
 def map_provider_state(state: str | None) -> ProviderOutcome | None:
     """Map a Fireworks job state to our terminal state, or None while it is still running.
 
-    PAUSED is not terminal (it can be resumed). An unknown state is treated as running, so a
-    state Fireworks adds later can never fail or cancel a job by accident; it is logged once.
+    With or without the JOB_STATE_ prefix. PAUSED is not terminal (it can be resumed). An
+    unknown state is treated as running, so a state Fireworks adds later can never fail or
+    cancel a job by accident; it is logged once per process here (the scheduler also logs
+    it once per job).
     """
-    if not state:
+    normalized = normalize_state(state)
+    if normalized is None:
         return None
-    short = state.removeprefix("JOB_STATE_")
+    short = normalized.removeprefix("JOB_STATE_")
     outcome = _TERMINAL.get(short)
-    if outcome is None and short not in _RUNNING and state not in _unknown_states_logged:
-        _unknown_states_logged.add(state)
+    if outcome is None and short not in _RUNNING and normalized not in _unknown_states_logged:
+        _unknown_states_logged.add(normalized)
         logger.warning("unknown Fireworks job state %r: treating it as still running", state)
     return outcome
 
@@ -147,7 +191,8 @@ class AuthError(Rejected):
 
 
 class AlreadyExists(ProviderError):
-    """409: a job with this id exists already (the create was a retry); adopt it with a GET."""
+    """409 ALREADY_EXISTS: a job with this id exists already (the create was a retry); adopt
+    it with a GET. Any other 409 (google.rpc ABORTED, or one we cannot read) is `Transient`."""
 
 
 class NotFound(ProviderError):
@@ -175,7 +220,12 @@ class Transient(ProviderError):
 
 @dataclass(frozen=True)
 class ProviderJob:
-    """One Fireworks fine-tuning job as the API returned it."""
+    """One Fireworks fine-tuning job as the API returned it.
+
+    `status_code` is `status.code` (a google.rpc code name such as INTERNAL), `progress_*`
+    come from `jobProgress`, `estimated_cost` is `estimatedCost` as sent (its shape is not
+    documented; it is stored verbatim). Each is None when the provider did not report it.
+    """
 
     name: str
     job_id: str
@@ -183,6 +233,10 @@ class ProviderJob:
     state: str | None
     message: str | None
     raw: dict[str, Any]
+    status_code: str | None = None
+    progress_percent: float | None = None
+    progress_epoch: int | None = None
+    estimated_cost: Any = None
 
     @property
     def outcome(self) -> ProviderOutcome | None:
@@ -195,6 +249,9 @@ class ProviderJob:
         state = resource.get("state")
         status = resource.get("status")
         message = status.get("message") if isinstance(status, dict) else None
+        code = status.get("code") if isinstance(status, dict) else None
+        progress = resource.get("jobProgress")
+        progress = progress if isinstance(progress, dict) else {}
         return cls(
             name=name,
             job_id=name.rsplit("/", 1)[-1] if name else job_id,
@@ -202,7 +259,38 @@ class ProviderJob:
             state=state if isinstance(state, str) else None,
             message=message if isinstance(message, str) and message else None,
             raw=resource,
+            status_code=_rpc_name(code),
+            progress_percent=_finite(progress.get("percent")),
+            progress_epoch=_whole(progress.get("epoch")),
+            estimated_cost=resource.get("estimatedCost"),
         )
+
+
+def _rpc_name(code: object) -> str | None:
+    """A google.rpc code as its name, from a name or a number (both are seen in JSON)."""
+    if isinstance(code, bool):
+        return None
+    if isinstance(code, int):
+        return _RPC_NAMES.get(code)
+    if isinstance(code, str) and code.strip():
+        text = code.strip().upper()
+        return _RPC_NAMES.get(int(text)) if text.isdigit() else text
+    return None
+
+
+def _finite(raw: object) -> float | None:
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _whole(raw: object) -> int | None:
+    value = _finite(raw)
+    return int(value) if value is not None and value.is_integer() else None
 
 
 @dataclass(frozen=True)
@@ -295,6 +383,24 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
         when = when.replace(tzinfo=UTC)
     current = time.time() if now is None else now
     return max(0.0, when.timestamp() - current)
+
+
+def parse_error_code(text: str) -> str | None:
+    """The google.rpc code name in an error body (`{"code": 6}`, `{"code": "ALREADY_EXISTS"}`,
+    `{"error": {"status": "ALREADY_EXISTS"}}`, ...), or None when it names none."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    error = data.get("error")
+    for holder in (error if isinstance(error, dict) else {}, data):
+        for key in ("status", "code"):
+            name = _rpc_name(holder.get(key))
+            if name is not None and name in _RPC_NAMES.values():
+                return name
+    return None
 
 
 def parse_error_message(text: str) -> str | None:
@@ -626,7 +732,15 @@ class FireworksClient:
                 retry_after=parse_retry_after(retry_after),
             )
         if status == 409:
-            return AlreadyExists(message, status=status, body=body, provider_message=parsed)
+            # Only ALREADY_EXISTS means "our earlier create landed". ABORTED (a concurrency
+            # conflict) and any 409 we cannot read are worth a retry, never an adoption: the
+            # job may not exist at all.
+            code = parse_error_code(body)
+            if code == "ALREADY_EXISTS" or (
+                code is None and "already exists" in (parsed or body).lower()
+            ):
+                return AlreadyExists(message, status=status, body=body, provider_message=parsed)
+            return Transient(message, status=status, body=body, provider_message=parsed)
         if status == 404 and op != "create":
             return NotFound(message, status=status, body=body, provider_message=parsed)
         if status in (401, 403):

@@ -4,19 +4,25 @@ One tick, in order (docs/scheduling.md explains each step and what happens on fa
 
  1. take the tick lease (sftq.tick_begin); if another tick holds it, do nothing at all;
  2. read every PROGRESS job (sftq.scheduler_work);
- 3. reconcile submitted jobs with the provider's state: a listing per kind (pages of 200)
-    when there are more than a few, a GET per job otherwise and for ids a listing missed;
+ 3. reconcile submitted jobs with the provider's state and progress: a listing per kind
+    (pages of 200) when there are more than a few, a GET per job otherwise and for ids a
+    listing missed; when a kind's listing fails, GETs for its least recently checked jobs;
  4. finish recorded cancels: stop the provider job (DELETE for SFT/DPO, :cancel for RFT),
     then PROGRESS -> CANCELLED;
- 5. retry submissions an earlier tick left unfinished, under the same provider id;
- 6. read the live quota and admit under the exclusive admission gate (sftq.admit_for_quota);
- 7. create the admitted jobs at the provider;
- 8. record the tick (sftq.tick_finish) and release the lease.
+ 5. cancel queued jobs whose queue timeout ran out (no provider call);
+ 6. read the live quota (401/403 here: our credentials are refused; nothing else runs);
+ 7. retry creates an earlier tick left unfinished, under the same provider id, once their
+    backoff has passed; give up on those out of attempts or time (after one last GET);
+ 8. admit under the exclusive admission gate (sftq.admit_for_quota) with that quota;
+ 9. create the admitted jobs at the provider;
+10. if anything was created, read the quota again: what it shows of our new jobs stops
+    being counted twice (sftq.record_usage_reading);
+11. record the tick (sftq.tick_finish) and release the lease.
 
-The database decides (admission, every state change); this module only carries facts
-between the two sides. Every step is safe to repeat: a tick killed at any line leaves
-work that the next tick finds in the database and finishes. No provider call is retried
-inside a tick: the next tick, which re-reads the database first, is the retry.
+The database decides (admission, every state change, the failure class); this module only
+carries facts between the two sides. Every step is safe to repeat: a tick killed at any
+line leaves work that the next tick finds in the database and finishes. No provider call is
+retried inside a tick: the next tick, which re-reads the database first, is the retry.
 """
 
 from __future__ import annotations
@@ -46,8 +52,6 @@ from .provider import (
     ProviderJob,
     Quota,
     Rejected,
-    Transient,
-    map_provider_state,
     provider_job_id,
 )
 from .provider import NotFound as ProviderNotFound
@@ -67,6 +71,8 @@ MAX_ERRORS = 50
 MAX_ERROR_CHARS = 300
 
 TERMINAL = frozenset({"SUCCESS", "FAIL", "CANCELLED"})
+NOT_ATTEMPTED = "not attempted: the provider failed several calls in a row"
+AUTH_REFUSED = "not attempted: the provider refused our credentials (401/403 on the account)"
 
 
 class _LeaseLost(Exception):
@@ -91,6 +97,10 @@ class _Work(NamedTuple):
     provider_state: str | None
     submit_attempts: int
     fireworks_payload: dict[str, Any] | None
+    submit_due: bool
+    admitted_seconds: float | None
+    provider_checked_at: datetime | None
+    last_submit_error: str | None
 
     @property
     def provider_id(self) -> str:
@@ -128,9 +138,27 @@ def _ms(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
 
 
+def _as_dict(answer: Any) -> dict[str, Any]:
+    if isinstance(answer, str):
+        answer = json.loads(answer)
+    return dict(answer) if isinstance(answer, dict) else {}
+
+
 def default_holder() -> str:
     """Who holds the lease: host and process, enough to find a stuck tick's owner."""
     return f"{socket.gethostname()}:{os.getpid()}"[:200]
+
+
+def observation(pj: ProviderJob) -> dict[str, Any]:
+    """What sftq.observe_provider_job takes from one provider job."""
+    return {
+        "state": pj.state,
+        "message": pj.message,
+        "status_code": pj.status_code,
+        "percent": pj.progress_percent,
+        "epoch": pj.progress_epoch,
+        "estimated_cost": pj.estimated_cost,
+    }
 
 
 @dataclass
@@ -149,11 +177,22 @@ class _Tick:
     reconciled: int = 0
     cancelled: int = 0
     failed: int = 0
+    queue_timeouts: int = 0
+    gave_up: int = 0
+    unknown_states: int = 0
+    usage_after: float | None = None
+    usage_counted_gpus: int = 0
+    # True: the provider refused our credentials on an account-level call; False: an
+    # account-level call succeeded in this tick; None: this tick could not tell.
+    auth_failed: bool | None = None
     # Jobs that left PROGRESS during this tick: later phases leave them alone.
     done: set[uuid.UUID] = field(default_factory=set)
+    _created: int = 0
+    # The account probe after a 401/403 on a job: run at most once per tick.
+    _probed: bool = False
+    _probe_ok: bool = False
     _transient_streak: int = 0
     _provider_down: bool = False
-    _provider_refused: bool = False
     _dropped_errors: int = 0
 
     # -- bookkeeping --------------------------------------------------------------------
@@ -175,6 +214,15 @@ class _Tick:
             self.failed += 1
         return True
 
+    def call(self, query: str, params: tuple[Any, ...], what: str) -> Any:
+        """A procedure whose coded refusal (the job moved on meanwhile) is not the tick's
+        failure: it is noted and the tick goes on."""
+        try:
+            return self.db.scalar(query, params)
+        except (NotFound, Conflict) as exc:
+            self.error(f"{what}: {exc.message}")
+            return None
+
     # -- the provider, with a per-tick breaker ------------------------------------------
 
     def check_provider(self) -> None:
@@ -185,24 +233,50 @@ class _Tick:
         self._transient_streak = 0
 
     def provider_failed(self, exc: ProviderError, what: str) -> None:
-        """Record a failed call; stop calling the provider once it looks down or misconfigured."""
+        """Record a failed call; stop calling the provider once it looks down."""
         self.error(f"{what}: {exc}")
-        if isinstance(exc, AuthError):
-            # Our key or account is wrong: every further call fails the same way.
-            self._provider_refused = True
-            self._trip("the provider refused our credentials")
-            return
-        if isinstance(exc, Transient):
-            self._transient_streak += 1
-            if self._transient_streak >= MAX_CONSECUTIVE_TRANSIENT:
-                self._trip(f"{self._transient_streak} transient failures in a row")
-        else:
+        if isinstance(exc, Rejected):
             self._transient_streak = 0
+            return
+        self._transient_streak += 1
+        if self._transient_streak >= MAX_CONSECUTIVE_TRANSIENT:
+            self._trip(f"{self._transient_streak} transient failures in a row")
 
     def _trip(self, why: str) -> None:
         if not self._provider_down:
             self._provider_down = True
             self.error(f"provider: {why}; no more provider calls this tick")
+
+    def refused(self, exc: AuthError, what: str) -> bool:
+        """A 401/403 on a call about one job: is it the job, or our credentials?
+
+        Probes an account-level call (the quota read) right then, once per tick. Answers
+        True when the account is fine, so the refusal concerns this job alone. When the
+        probe is refused too, the credentials are bad: the tick flags it, makes no more
+        provider calls and raises _ProviderDown, changing no job. A probe that fails
+        otherwise decides nothing: the caller treats the refusal as a transient failure.
+        """
+        if self.auth_failed:
+            raise _ProviderDown
+        if not self._probed:
+            self._probed = True
+            try:
+                self.provider.get_quota()
+            except AuthError as probe:
+                self._credentials_refused(probe, f"{what}: account probe")
+            except ProviderError as probe:
+                self.provider_failed(probe, f"{what}: account probe after HTTP {exc.status}")
+            else:
+                self.provider_ok()
+                self.auth_failed = False
+                self._probe_ok = True
+        return self._probe_ok
+
+    def _credentials_refused(self, exc: AuthError, what: str) -> None:
+        self.auth_failed = True
+        self.error(f"{what}: provider_auth_failed: {exc}")
+        self._trip("provider_auth_failed: the provider refused our credentials")
+        raise _ProviderDown
 
     # -- phase 3: reconcile -------------------------------------------------------------
 
@@ -214,15 +288,27 @@ class _Tick:
         for kind, jobs in by_kind.items():
             self.lease.keep()
             self.check_provider()
-            seen: dict[str, ProviderJob] = {}
-            if len(jobs) > LIST_THRESHOLD:
-                try:
-                    seen = self._list(kind, {w.provider_id for w in jobs})
-                except ProviderError as exc:
-                    # Without the listing, one GET per job would make an outage cost a
-                    # timeout per job; the next tick lists again.
-                    self.provider_failed(exc, f"reconcile {kind}: list")
-                    continue
+            if len(jobs) <= LIST_THRESHOLD:
+                for w in jobs:
+                    self._reconcile_one(w, None)
+                continue
+            try:
+                seen = self._list(kind, {w.provider_id for w in jobs})
+            except AuthError as exc:
+                self.refused(exc, f"reconcile {kind}: list")
+                seen = None
+            except ProviderError as exc:
+                self.provider_failed(exc, f"reconcile {kind}: list")
+                seen = None
+            if seen is None:
+                # Listing is down: GET the least recently checked few, so that every job of
+                # the kind is reached over a few ticks, at a bounded cost per tick.
+                fallback = sorted(jobs, key=lambda w: (w.provider_checked_at is not None,
+                                                       w.provider_checked_at or datetime.min,
+                                                       w.job_id))
+                for w in fallback[: max(0, self.settings.reconcile_get_limit)]:
+                    self._reconcile_one(w, None)
+                continue
             for w in jobs:
                 self._reconcile_one(w, seen.get(w.provider_id))
 
@@ -242,31 +328,35 @@ class _Tick:
 
     def _reconcile_one(self, w: _Work, pj: ProviderJob | None) -> None:
         self.lease.keep()
-        state: str
-        message: str | None = None
+        obs: dict[str, Any]
         if pj is None:
             self.check_provider()
             try:
                 pj = self.provider.get_job(w.kind, w.provider_id)
             except ProviderNotFound:
                 # Deleted outside the queue (or by a cancel we already sent).
-                state = "NOT_FOUND"
                 self.provider_ok()
+                obs = {"state": "NOT_FOUND"}
+            except AuthError as exc:
+                if self.refused(exc, f"reconcile {w.job_id}"):
+                    self.error(f"reconcile {w.job_id}: refused for this job: {exc}")
+                return
             except ProviderError as exc:
                 self.provider_failed(exc, f"reconcile {w.job_id}")
                 return
             else:
                 self.provider_ok()
-        if pj is not None:
-            map_provider_state(pj.state)  # logs a state we do not know (treated as running)
-            state = pj.state or "JOB_STATE_UNSPECIFIED"
-            message = pj.message
-        try:
-            new_state = self.db.scalar(sql.RECORD_PROVIDER_STATE, (w.job_id, state, message))
-        except (NotFound, Conflict) as exc:
-            self.error(f"reconcile {w.job_id}: {exc.message}")
-            return
-        if self.ended(w.job_id, new_state):
+                obs = observation(pj)
+        else:
+            obs = observation(pj)
+        answer = _as_dict(self.call(sql.OBSERVE_PROVIDER_JOB, (w.job_id, json.dumps(obs)),
+                                    f"reconcile {w.job_id}"))
+        if answer.get("mapped") == "UNKNOWN":
+            self.unknown_states += 1
+            if answer.get("first_unknown"):
+                logger.warning("job %s: the provider reports state %r, which we do not know; "
+                               "the job is left as it is", w.job_id, obs.get("state"))
+        if self.ended(w.job_id, answer.get("state")):
             self.reconciled += 1
 
     # -- phase 4: cancels ---------------------------------------------------------------
@@ -286,6 +376,11 @@ class _Tick:
                            submitted: bool, after_create: bool = False) -> None:
         try:
             action = self.provider.stop_job(kind, pid)
+        except AuthError as exc:
+            # Not completed either way: cancel_requested_at stays set for the next tick.
+            if self.refused(exc, f"cancel {job_id}"):
+                self.error(f"cancel {job_id}: refused for this job: {exc}")
+            return
         except ProviderError as exc:
             # Not completed: cancel_requested_at stays set, so the next tick tries again.
             self.provider_failed(exc, f"cancel {job_id}")
@@ -294,14 +389,44 @@ class _Tick:
         detail = {"provider_action": action, "provider_job_id": pid, "submitted": submitted}
         if after_create:
             detail["raced_create"] = True
-        try:
-            state = self.db.scalar(sql.COMPLETE_CANCEL, (job_id, "scheduler", json.dumps(detail)))
-        except (NotFound, Conflict) as exc:
-            self.error(f"cancel {job_id}: {exc.message}")
-            return
+        state = self.call(sql.COMPLETE_CANCEL, (job_id, "scheduler", json.dumps(detail)),
+                          f"cancel {job_id}")
         self.ended(job_id, state)
 
-    # -- phases 5 and 7: submissions ----------------------------------------------------
+    # -- phase 5: queue timeouts --------------------------------------------------------
+
+    def expire_queued(self, work: list[_Work]) -> None:
+        expired = int(self.db.scalar(sql.EXPIRE_QUEUED) or 0)
+        self.queue_timeouts += expired
+        self.cancelled += expired
+
+    # -- phase 6: the quota -------------------------------------------------------------
+
+    def read_quota(self, work: list[_Work]) -> None:
+        # Read even after a run of failed calls: those failures may belong to a few jobs
+        # (the provider is otherwise fine), and skipping admission for them would stall the
+        # whole queue behind them. A provider that is really down fails this one call too.
+        if self.auth_failed:
+            raise _ProviderDown
+        try:
+            quota = self.provider.get_quota()
+        except AuthError as exc:
+            self._credentials_refused(exc, "quota")
+        except ProviderError as exc:
+            # No fresh quota, no admission: the budget must come from the live figure.
+            self.provider_failed(exc, "quota")
+            return
+        self.provider_ok()
+        self._provider_down = False
+        self.auth_failed = False
+        self.quota = quota
+
+    # -- phases 7 and 9: submissions ----------------------------------------------------
+
+    def _exhausted(self, w: _Work) -> bool:
+        s = self.settings
+        return w.submit_attempts >= s.submit_max_attempts or (
+            w.admitted_seconds is not None and w.admitted_seconds >= s.submit_max_seconds)
 
     def retry_submissions(self, work: list[_Work]) -> None:
         pending = [w for w in work if w.submitted_at is None and w.cancel_requested_at is None
@@ -311,101 +436,139 @@ class _Tick:
         # of the others, tick after tick.
         pending.sort(key=lambda w: w.submit_attempts)
         for w in pending:
+            if not w.submit_due and not self._exhausted(w):
+                continue  # still in its backoff
             self.lease.keep()
             self.check_provider()
-            self.submit(w.job_id, w.kind, w.fireworks_payload or {}, w.gpu_count)
+            if self._exhausted(w):
+                self.last_check(w.job_id, w.kind)
+            else:
+                self.submit(w.job_id, w.kind, w.fireworks_payload or {}, w.gpu_count)
 
     def submit(self, job_id: uuid.UUID, kind: str, payload: dict[str, Any], gpu_count: int) -> None:
         pid = provider_job_id(job_id)
-        adopted = False
-        pj: ProviderJob | None
         try:
             pj = self.provider.create_job(kind, pid, payload, gpu_count=gpu_count)
         except AlreadyExists:
             # An earlier attempt reached the provider (its answer was lost, or its tick
             # died): adopt that job instead of making a second one.
-            adopted = True
-            try:
-                pj = self.provider.get_job(kind, pid)
-            except ProviderNotFound:
-                pj = None  # gone between the 409 and the GET: deleted outside the queue
-            except ProviderError as exc:
-                self._submit_retry_later(job_id, exc, "adopt")
-                return
+            self._adopt(job_id, kind, pid)
+            return
         except AuthError as exc:
-            # Our credentials, not the payload: keep the job and say why.
-            self._submit_retry_later(job_id, exc, "create")
+            if self.refused(exc, f"submit {job_id}"):
+                # The account is fine: the provider refuses this job's payload (a model or
+                # dataset it may not use). Permanent, with the provider's body verbatim.
+                self._rejected(job_id, exc)
+            else:
+                self._submit_failed(job_id, kind, exc, "create")
             return
         except Rejected as exc:
-            self.provider_ok()
-            body = exc.body or str(exc)
-            try:
-                state = self.db.scalar(sql.RECORD_SUBMIT_ERROR, (job_id, body, False))
-            except (NotFound, Conflict) as err:
-                self.error(f"submit {job_id}: {err.message}")
-                return
-            self.ended(job_id, state)
+            self._rejected(job_id, exc)
             return
         except ProviderError as exc:
             # Transient, or an answer we cannot classify: the job keeps its place and its id.
-            self._submit_retry_later(job_id, exc, "create")
+            self._submit_failed(job_id, kind, exc, "create")
             return
         self.provider_ok()
-        name = (pj.name if pj is not None and pj.name
-                else f"accounts/{self.provider.account_id}/{KIND_COLLECTION[kind]}/{pid}")
+        self._record_submitted(job_id, kind, pid, pj, adopted=False)
+
+    def _adopt(self, job_id: uuid.UUID, kind: str, pid: str) -> None:
         try:
-            answer = self.db.scalar(sql.RECORD_SUBMITTED,
-                                    (job_id, name, pj.state if pj else None, adopted))
-        except (NotFound, Conflict) as exc:
-            self.error(f"submit {job_id}: {exc.message}")
+            pj = self.provider.get_job(kind, pid)
+        except ProviderNotFound as exc:
+            # 409 then 404: the conflict was not our job existing (or it vanished between
+            # the two answers). Never "deleted outside the queue": a job that never ran
+            # must not end CANCELLED. Retry the create like any transient failure.
+            self._submit_failed(job_id, kind, exc, "create answered 409, then GET 404")
+            return
+        except AuthError as exc:
+            self.refused(exc, f"submit {job_id}: adopt")
+            self._submit_failed(job_id, kind, exc, "adopt")
+            return
+        except ProviderError as exc:
+            self._submit_failed(job_id, kind, exc, "adopt")
+            return
+        self.provider_ok()
+        self._record_submitted(job_id, kind, pid, pj, adopted=True)
+
+    def last_check(self, job_id: uuid.UUID, kind: str) -> None:
+        """Out of attempts or time: does a provider job exist under the id after all (an
+        answer lost on the way back)? Adopt it; if not, give up on the job."""
+        pid = provider_job_id(job_id)
+        try:
+            pj = self.provider.get_job(kind, pid)
+        except ProviderNotFound:
+            self.provider_ok()
+            state = self.call(sql.GIVE_UP_SUBMISSION, (job_id,), f"submit {job_id}: give up")
+            if self.ended(job_id, state):
+                self.gave_up += 1
+            return
+        except AuthError as exc:
+            if self.refused(exc, f"submit {job_id}: last check"):
+                self.error(f"submit {job_id}: last check refused for this job: {exc}")
+            return
+        except ProviderError as exc:
+            # Cannot tell yet: the next tick checks again (never a second create).
+            self.provider_failed(exc, f"submit {job_id}: last check")
+            return
+        self.provider_ok()
+        self._record_submitted(job_id, kind, pid, pj, adopted=True)
+
+    def _record_submitted(self, job_id: uuid.UUID, kind: str, pid: str, pj: ProviderJob, *,
+                          adopted: bool) -> None:
+        name = pj.name or f"accounts/{self.provider.account_id}/{KIND_COLLECTION[kind]}/{pid}"
+        answer = self.call(sql.RECORD_SUBMITTED, (job_id, name, pj.state, adopted),
+                           f"submit {job_id}")
+        if answer is None:
             return
         self.submitted += 1
-        if pj is None:
-            try:
-                state = self.db.scalar(sql.RECORD_PROVIDER_STATE,
-                                       (job_id, "NOT_FOUND", "provider job vanished after a 409"))
-            except (NotFound, Conflict) as exc:
-                self.error(f"submit {job_id}: {exc.message}")
-                return
-            if self.ended(job_id, state):
-                self.reconciled += 1
-            return
+        self._created += 1
         if answer == "stop":
             # A cancel arrived while the create was in flight: stop it right away.
             self._stop_and_complete(job_id, kind, pid, submitted=True, after_create=True)
+            return
+        # An adopted job may have run for a while (or even ended): record what the provider
+        # says of it like any reconcile. A fresh create's answer is its first state, which
+        # record_submitted stored already.
+        if adopted and pj.state is not None:
+            answer2 = _as_dict(self.call(sql.OBSERVE_PROVIDER_JOB,
+                                         (job_id, json.dumps(observation(pj))),
+                                         f"submit {job_id}"))
+            if self.ended(job_id, answer2.get("state")):
+                self.reconciled += 1
 
-    def _submit_retry_later(self, job_id: uuid.UUID, exc: ProviderError, what: str) -> None:
+    def _rejected(self, job_id: uuid.UUID, exc: ProviderError) -> None:
+        self.provider_ok()
+        body = exc.body or str(exc)
+        s = self.settings
+        answer = _as_dict(self.call(
+            sql.RECORD_SUBMIT_FAILURE,
+            (job_id, body, False, s.submit_max_attempts, s.submit_max_seconds,
+             s.submit_backoff_seconds), f"submit {job_id}"))
+        self.ended(job_id, answer.get("state"))
+
+    def _submit_failed(self, job_id: uuid.UUID, kind: str, exc: ProviderError, what: str) -> None:
         self.provider_failed(exc, f"submit {job_id}: {what}")
-        try:
-            self.db.scalar(sql.RECORD_SUBMIT_ERROR, (job_id, _short(str(exc)), True))
-        except (NotFound, Conflict) as err:
-            self.error(f"submit {job_id}: {err.message}")
+        s = self.settings
+        message = _short(f"{what}: {exc}" if what != "create" else str(exc))
+        answer = _as_dict(self.call(
+            sql.RECORD_SUBMIT_FAILURE,
+            (job_id, message, True, s.submit_max_attempts, s.submit_max_seconds,
+             s.submit_backoff_seconds), f"submit {job_id}"))
+        if answer.get("exhausted") and not self._provider_down:
+            self.last_check(job_id, kind)
 
-    # -- phase 6: admission -------------------------------------------------------------
+    # -- phase 8: admission -------------------------------------------------------------
 
     def admit(self) -> list[dict[str, Any]]:
-        if self._provider_refused:
-            raise _ProviderDown
-        # Even after a run of failed creates, read the quota once: those failures may belong
-        # to a few jobs (the provider is otherwise fine), and skipping admission for them
-        # would stall the whole queue behind them. A provider that is really down fails
-        # this one call too.
-        try:
-            quota = self.provider.get_quota()
-        except ProviderError as exc:
-            # No fresh quota, no admission: the budget must come from the live figure.
-            self.provider_failed(exc, "quota")
+        quota = self.quota
+        if quota is None or self.auth_failed:
             return []
-        self.provider_ok()
-        self._provider_down = False
-        self.quota = quota
         # Decimal, not float: the procedure takes numeric, and float8 -> numeric is not
         # an implicit cast, so a float would not resolve the function.
         usage = Decimal(repr(float(quota.usage)))
-        answer = self.db.scalar(sql.ADMIT_FOR_QUOTA,
-                                (quota.limit, usage, float(self.settings.usage_grace_seconds)))
-        if isinstance(answer, str):
-            answer = json.loads(answer)
+        answer = _as_dict(self.db.scalar(
+            sql.ADMIT_FOR_QUOTA, (quota.limit, usage, float(self.settings.usage_grace_seconds))))
         self.budget = answer.get("budget")
         self.ours_total = answer.get("ours_total")
         self.ours_recent = answer.get("ours_recent")
@@ -416,16 +579,42 @@ class _Tick:
     def submit_admitted(self, jobs: Iterable[dict[str, Any]]) -> None:
         for job in jobs:
             job_id = uuid.UUID(str(job["job_id"]))
-            self.lease.keep()
-            try:
-                self.check_provider()
-            except _ProviderDown:
-                # Admitted but not tried: say why on the job; the next tick submits it.
-                self.db.scalar(sql.RECORD_SUBMIT_ERROR, (
-                    job_id, "not attempted: the provider failed several calls in a row", True))
+            if job_id in self.done:
                 continue
-            self.submit(job_id, str(job["kind"]), dict(job.get("fireworks_payload") or {}),
-                        int(job["gpu_count"]))
+            self.lease.keep()
+            if self._provider_down:
+                # Admitted but not tried: say why on the job; the next tick submits it.
+                self.db.scalar(sql.RECORD_SUBMIT_SKIPPED,
+                               (job_id, AUTH_REFUSED if self.auth_failed else NOT_ATTEMPTED))
+                continue
+            try:
+                self.submit(job_id, str(job["kind"]), dict(job.get("fireworks_payload") or {}),
+                            int(job["gpu_count"]))
+            except _ProviderDown:
+                # Its own create found the credentials refused: it waits, with the reason
+                # (no attempt counted), like the jobs after it.
+                self.db.scalar(sql.RECORD_SUBMIT_SKIPPED,
+                               (job_id, AUTH_REFUSED if self.auth_failed else NOT_ATTEMPTED))
+
+    # -- phase 10: the second quota reading ---------------------------------------------
+
+    def reread_quota(self) -> None:
+        if self._created == 0 or self.quota is None or self._provider_down:
+            return
+        try:
+            after = self.provider.get_quota()
+        except AuthError as exc:
+            self._credentials_refused(exc, "quota (after creates)")
+        except ProviderError as exc:
+            # Without it our new jobs are simply counted on top of usage for longer.
+            self.provider_failed(exc, "quota (after creates)")
+            return
+        self.provider_ok()
+        self.usage_after = after.usage
+        answer = _as_dict(self.db.scalar(sql.RECORD_USAGE_READING, (
+            Decimal(repr(float(self.quota.usage))), Decimal(repr(float(after.usage))),
+            float(self.settings.usage_grace_seconds))))
+        self.usage_counted_gpus = int(answer.get("counted_gpus") or 0)
 
     # -- result -------------------------------------------------------------------------
 
@@ -452,6 +641,12 @@ class _Tick:
             "reconciled": self.reconciled,
             "cancelled": self.cancelled,
             "failed": self.failed,
+            "queue_timeouts": self.queue_timeouts,
+            "gave_up": self.gave_up,
+            "unknown_states": self.unknown_states,
+            "provider_auth_failed": self.auth_failed,
+            "usage_after": self.usage_after,
+            "usage_counted_gpus": self.usage_counted_gpus,
             "errors": errors,
             "provider_calls": provider_calls,
             "duration_ms": duration_ms,
@@ -505,15 +700,17 @@ def run_tick(db: Database, provider: FireworksClient, settings: Settings, *,
 def _phases(tick: _Tick) -> None:
     rows = tick.db.fetchall(sql.SCHEDULER_WORK)
     work = [_Work(*row) for row in rows]
-    for phase in (tick.reconcile, tick.finish_cancels, tick.retry_submissions):
+    for phase in (tick.reconcile, tick.finish_cancels, tick.expire_queued, tick.read_quota,
+                  tick.retry_submissions):
         tick.lease.keep(force=True)
         # A provider that gave up ends the phase, not the tick: later phases still record
         # what they can, and each checks the breaker before calling out.
         with contextlib.suppress(_ProviderDown):
             phase(work)
     tick.lease.keep(force=True)
+    tick.submit_admitted(tick.admit())
     with contextlib.suppress(_ProviderDown):
-        tick.submit_admitted(tick.admit())
+        tick.reread_quota()
 
 
 def _finish(db: Database, tick: _Tick, result: dict[str, Any]) -> None:

@@ -6,6 +6,9 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+# A queued job may wait at most 30 days when it (or the operator) sets a queue timeout.
+MAX_QUEUE_TIMEOUT_SECONDS = 2_592_000
+
 
 def _float(name: str, default: float) -> float:
     raw = os.environ.get(name)
@@ -19,6 +22,14 @@ def _int(name: str, default: int) -> int:
 
 def _bool(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+def _queue_timeout(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    value = int(raw)
+    if not 1 <= value <= MAX_QUEUE_TIMEOUT_SECONDS:
+        raise ValueError(f"{name} must be from 1 to {MAX_QUEUE_TIMEOUT_SECONDS} seconds")
+    return value
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,15 @@ class Settings:
     usage_grace_seconds: float = 300.0
     # A tick that dies keeps the lease this long at most.
     tick_lease_seconds: float = 120.0
+    # A create that keeps failing: give up after this many attempts or this long since
+    # admission, whichever comes first; attempt n waits min(base x 2^(n-1), 10 min).
+    submit_max_attempts: int = 8
+    submit_max_seconds: float = 3600.0
+    submit_backoff_seconds: float = 5.0
+    # The operator's default queue timeout for jobs submitted without one (None: no limit).
+    queue_timeout_seconds: int | None = None
+    # When a kind's list call fails, GET this many of its least recently checked jobs.
+    reconcile_get_limit: int = 20
     # Set (SFTQ_DEV_STACK=1) only by a local development stack: scheduler-tick then accepts a
     # tick secret shorter than 32 characters. Everywhere else a short one stops it starting.
     dev_stack: bool = False
@@ -63,6 +83,11 @@ class Settings:
             fireworks_timeout_seconds=_float("FIREWORKS_TIMEOUT", 10.0),
             usage_grace_seconds=_float("SFTQ_USAGE_GRACE_SECONDS", 300.0),
             tick_lease_seconds=_float("SFTQ_TICK_LEASE_SECONDS", 120.0),
+            submit_max_attempts=_int("SFTQ_SUBMIT_MAX_ATTEMPTS", 8),
+            submit_max_seconds=_float("SFTQ_SUBMIT_MAX_SECONDS", 3600.0),
+            submit_backoff_seconds=_float("SFTQ_SUBMIT_BACKOFF_SECONDS", 5.0),
+            queue_timeout_seconds=_queue_timeout("SFTQ_QUEUE_TIMEOUT_SECONDS"),
+            reconcile_get_limit=_int("SFTQ_RECONCILE_GET_LIMIT", 20),
             dev_stack=os.environ.get("SFTQ_DEV_STACK", "") == "1",
             webhooks_key=os.environ.get("SFTQ_WEBHOOKS_KEY", ""),
             webhooks_allow_private=_bool("SFTQ_WEBHOOKS_ALLOW_PRIVATE"),

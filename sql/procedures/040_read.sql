@@ -9,9 +9,10 @@ AS $$
         'id', j.id, 'kind', j.kind, 'state', j.state, 'display_name', j.display_name,
         'gpu_count', j.gpu_count, 'created_at', sftq._iso(j.created_at),
         'started_at', sftq._iso(j.started_at), 'completed_at', sftq._iso(j.completed_at),
-        'error', j.error, 'fireworks_job_name', j.fireworks_job_name)
+        'error', j.error, 'fireworks_job_name', j.fireworks_job_name,
+        'failure_class', j.failure_class, 'retry_of', j.retry_of)
 $$;
-COMMENT ON FUNCTION sftq.job_json(sftq.jobs) IS 'A job as the API shows it: exactly the contract''s fields, never the payload.';
+COMMENT ON FUNCTION sftq.job_json(sftq.jobs) IS 'A job as the API shows it: the contract''s fields, then the ones added since (failure_class, retry_of), never the payload.';
 
 CREATE OR REPLACE FUNCTION sftq.get_job(p_user_id bigint, p_job_id uuid)
 RETURNS sftq.jobs

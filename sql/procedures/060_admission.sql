@@ -66,10 +66,15 @@ RETURNS TABLE (budget integer, ours_total integer, ours_recent integer)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+    -- recent: our jobs the provider's usage may not count yet. Not yet created, or created
+    -- within the grace window and not yet shown by a quota reading (usage_counted_at, set
+    -- by sftq.record_usage_reading). docs/scheduling.md explains the rule.
     WITH ours AS (
         SELECT COALESCE(sum(j.gpu_count), 0)::int AS total,
                COALESCE(sum(j.gpu_count) FILTER (
-                   WHERE j.submitted_at IS NULL OR j.submitted_at > p_now - p_usage_grace), 0)::int AS recent
+                   WHERE j.submitted_at IS NULL
+                      OR (j.submitted_at > p_now - p_usage_grace AND j.usage_counted_at IS NULL)),
+                   0)::int AS recent
           FROM sftq.jobs j
          WHERE j.state = 'PROGRESS'
     )
@@ -78,7 +83,7 @@ AS $$
       FROM ours
 $$;
 COMMENT ON FUNCTION sftq.admission_budget(integer, numeric, interval, timestamptz) IS
-    'GPUs admission may spend: limit - max(usage + recent, ours). recent = GPUs of our PROGRESS jobs not yet submitted or submitted within p_usage_grace, which the provider''s usage may not count yet; ours = GPUs of all our PROGRESS jobs, a floor on real usage even when the provider''s figure is stuck. Over-counts rather than under-counts. Reads only.';
+    'GPUs admission may spend: limit - max(usage + recent, ours). recent = GPUs of our PROGRESS jobs the provider''s usage may not count yet: not yet submitted, or submitted within p_usage_grace and not yet shown by a quota reading (usage_counted_at); ours = GPUs of all our PROGRESS jobs, a floor on real usage even when the provider''s figure is stuck. Never under-counts under the documented assumptions (docs/scheduling.md). Reads only.';
 
 CREATE OR REPLACE FUNCTION sftq.admit_for_quota(
     p_quota_limit  integer,

@@ -68,3 +68,63 @@ END
 $$;
 COMMENT ON FUNCTION sftq.tick_finish(bigint, jsonb, timestamptz) IS
     'Records what a tick saw and did, and releases the lease if this tick still holds it. Locking contract: the lease row first, then this tick''s row: the order sftq.tick_begin takes them in (lease, then the abandoned tick''s row), so a finishing tick and a tick taking over its expired lease never deadlock.';
+
+CREATE OR REPLACE FUNCTION sftq.record_usage_reading(
+    p_usage_before  numeric,
+    p_usage_after   numeric,
+    p_usage_grace   interval DEFAULT interval '5 minutes',
+    p_now           timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_rise   numeric := p_usage_after - p_usage_before;
+    v_jobs   integer;
+    v_gpus   integer;
+BEGIN
+    -- Two quota readings of one tick, before its admission and after its creates. Between
+    -- them the only change we know of is our own creates, so a rise in usage is our jobs
+    -- being counted. It is credited to our uncounted recent jobs oldest first (a provider
+    -- that counts jobs late counts the older ones first), whole jobs only, never more
+    -- GPUs than the rise: so the GPUs still taken as uncounted never fall below the GPUs
+    -- really uncounted. A fall, or no change, credits nothing (our jobs stay counted on top
+    -- of usage until a later reading or the grace window).
+    IF v_rise IS NULL OR v_rise <= 0 THEN
+        RETURN jsonb_build_object('counted_jobs', 0, 'counted_gpus', 0);
+    END IF;
+    WITH pending AS (
+        SELECT j.id, sum(j.gpu_count) OVER (ORDER BY j.submitted_at, j.id) AS running_total
+          FROM sftq.jobs j
+         WHERE j.state = 'PROGRESS' AND j.submitted_at IS NOT NULL
+           AND j.usage_counted_at IS NULL AND j.submitted_at > p_now - p_usage_grace
+    ), counted AS (
+        UPDATE sftq.jobs j SET usage_counted_at = p_now
+          FROM pending p
+         WHERE j.id = p.id AND p.running_total <= v_rise
+           AND j.state = 'PROGRESS' AND j.usage_counted_at IS NULL
+        RETURNING j.gpu_count
+    )
+    SELECT count(*), COALESCE(sum(gpu_count), 0) INTO v_jobs, v_gpus FROM counted;
+    RETURN jsonb_build_object('counted_jobs', v_jobs, 'counted_gpus', v_gpus);
+END
+$$;
+COMMENT ON FUNCTION sftq.record_usage_reading(numeric, numeric, interval, timestamptz) IS
+    'Marks our recent jobs that the provider''s usage now counts (usage_counted_at), from the rise between a reading taken before a tick''s creates and one taken after them: oldest first, whole jobs, at most the rise in GPUs. sftq.admission_budget stops adding those jobs on top of usage. Answers {counted_jobs, counted_gpus}. Locking contract: the job rows it marks (one UPDATE); no gate, since it only ever lowers a job''s contribution when the provider has shown it.';
+
+CREATE OR REPLACE FUNCTION sftq.provider_health()
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- The newest finished tick that learned how the provider takes our credentials.
+    SELECT CASE WHEN (t.detail ->> 'provider_auth_failed')::boolean THEN 'provider_auth_failed'
+                ELSE 'ok' END
+      FROM sftq.scheduler_ticks t
+     WHERE t.status IN ('ok', 'error')
+       AND jsonb_typeof(t.detail -> 'provider_auth_failed') = 'boolean'
+     ORDER BY t.started_at DESC
+     LIMIT 1
+$$;
+COMMENT ON FUNCTION sftq.provider_health() IS
+    'provider_auth_failed when the newest tick that talked to the provider found our credentials refused (401/403 on the account''s quota), ok when it found them accepted, NULL before any such tick. Reads only.';

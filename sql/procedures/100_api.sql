@@ -143,7 +143,8 @@ LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT json_build_object('database', 'ok',
-                             'last_tick', (SELECT sftq._iso(max(started_at)) FROM sftq.scheduler_ticks))
+                             'last_tick', (SELECT sftq._iso(max(started_at)) FROM sftq.scheduler_ticks),
+                             'provider', sftq.provider_health())
 $$;
 
 COMMENT ON FUNCTION sftq.api_enqueue(bytea, text, jsonb, text, integer, text) IS 'POST /jobs. Authenticates, then sftq.enqueue; answers the 201 body and whether it was an idempotent replay.';
@@ -154,7 +155,7 @@ COMMENT ON FUNCTION sftq.api_complete_cancel(bytea, uuid) IS 'DELETE /jobs/:id, 
 COMMENT ON FUNCTION sftq.api_queue_context(bytea) IS 'GET /jobs/analytics/queue.';
 COMMENT ON FUNCTION sftq.api_summary(bytea) IS 'GET /jobs/analytics/summary.';
 COMMENT ON FUNCTION sftq.api_job_analytics(bytea, uuid) IS 'GET /jobs/:id/analytics.';
-COMMENT ON FUNCTION sftq.api_health() IS 'Health probe: the database answers; when the last tick started.';
+COMMENT ON FUNCTION sftq.api_health() IS 'Health probe: the database answers; when the last tick started; whether the provider accepts our credentials (sftq.provider_health).';
 
 -- Replaced by sftq.authenticate skipping its last_used_at touch in a read-only transaction.
 DROP FUNCTION IF EXISTS sftq._auth_read(bytea);

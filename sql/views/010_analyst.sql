@@ -23,7 +23,8 @@ SELECT j.id,
        j.provider_state_at,
        extract(epoch FROM j.started_at - j.created_at)            AS queue_wait_seconds,
        extract(epoch FROM j.completed_at - j.started_at)          AS run_duration_seconds,
-       j.gpu_count * extract(epoch FROM j.completed_at - j.started_at) / 3600 AS gpu_hours
+       j.gpu_count * extract(epoch FROM j.completed_at - j.started_at) / 3600 AS gpu_hours,
+       j.failure_class
   FROM sftq.jobs j
   JOIN sftq.users u ON u.id = j.user_id;
 COMMENT ON VIEW sftq.analyst_jobs IS
@@ -31,6 +32,7 @@ COMMENT ON VIEW sftq.analyst_jobs IS
 COMMENT ON COLUMN sftq.analyst_jobs.queue_wait_seconds IS 'Seconds from enqueue to admission; null while queued or if cancelled while queued.';
 COMMENT ON COLUMN sftq.analyst_jobs.run_duration_seconds IS 'Seconds from admission to completion; null until the job ends.';
 COMMENT ON COLUMN sftq.analyst_jobs.gpu_hours IS 'gpu_count x run duration in hours.';
+COMMENT ON COLUMN sftq.analyst_jobs.failure_class IS 'For FAIL jobs: permanent, retryable or unknown (docs/scheduling.md); null otherwise.';
 COMMENT ON COLUMN sftq.analyst_jobs.fireworks_payload IS 'The Fireworks body with secret-looking keys replaced by "[REDACTED]".';
 
 CREATE OR REPLACE VIEW sftq.analyst_job_events AS

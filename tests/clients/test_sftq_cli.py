@@ -191,6 +191,7 @@ def test_list_json_and_filters(sftq: Run, api: FakeJobsApi) -> None:
     assert set(data[0]) == {
         "id", "kind", "state", "display_name", "gpu_count", "created_at", "started_at",
         "completed_at", "error", "fireworks_job_name",
+        "failure_class", "retry_of",  # added since the contract (issue 10)
     }  # fmt: skip
     assert dict(api.requests[0].url.params) == {"state": "PROGRESS", "kind": "RFT"}
 

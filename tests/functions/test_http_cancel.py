@@ -19,7 +19,9 @@ from sftq_server.web import wsgi_app
 RFT_PAYLOAD = {"dataset": "d", "evaluator": "e",
                "inferenceParameters": {"responseCandidatesCount": 4}}
 JOB_KEYS = {"id", "kind", "state", "display_name", "gpu_count", "created_at", "started_at",
-            "completed_at", "error", "fireworks_job_name"}
+            "completed_at", "error", "fireworks_job_name",
+            # Added since the contract (new fields are only added): issue 10.
+            "failure_class", "retry_of"}
 
 
 def running_job(api: Api, db: Db, key: str, kind: str = "SFT") -> tuple[str, str]:

@@ -29,7 +29,9 @@ from fn_support import Db
 ROOT = Path(__file__).resolve().parents[2]
 
 JOB_KEYS = {"id", "kind", "state", "display_name", "gpu_count", "created_at", "started_at",
-            "completed_at", "error", "fireworks_job_name"}
+            "completed_at", "error", "fireworks_job_name",
+            # Added since the contract (new fields are only added): issue 10.
+            "failure_class", "retry_of"}
 
 # --- verbatim from the contract -------------------------------------------------------------
 

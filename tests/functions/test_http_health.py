@@ -24,7 +24,8 @@ from sftq_server.web import wsgi_app
 def test_health_answers_ok(api: Api) -> None:
     resp = api.get("/health")
     assert resp.status_code == 200
-    assert resp.json == {"status": "ok", "database": "ok", "last_tick": None}
+    # "provider" (issue 10): no tick has asked the provider yet.
+    assert resp.json == {"status": "ok", "database": "ok", "last_tick": None, "provider": None}
     assert resp.headers["Cache-Control"] == "no-store"
 
 

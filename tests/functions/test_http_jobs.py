@@ -17,7 +17,9 @@ from sftq_server.settings import Settings
 from sftq_server.web import wsgi_app
 
 JOB_KEYS = {"id", "kind", "state", "display_name", "gpu_count", "created_at", "started_at",
-            "completed_at", "error", "fireworks_job_name"}
+            "completed_at", "error", "fireworks_job_name",
+            # Added since the contract (new fields are only added): issue 10.
+            "failure_class", "retry_of"}
 
 
 def post_raw(api: Api, key: str | None, data: bytes | str, *,
@@ -270,7 +272,7 @@ def test_unknown_fields_are_rejected_by_name(api: Api, alice: str) -> None:
     assert "gpus" in err["error"] and "displayName" in err["error"]
     assert err["details"]["unknown_fields"] == ["displayName", "gpus"]
     assert err["details"]["allowed_fields"] == ["display_name", "fireworks_payload", "gpu_count",
-                                                "kind"]
+                                                "kind", "queue_timeout_seconds"]
     assert api.get("/jobs", alice).json == []
 
 

@@ -32,7 +32,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "SubmitResponse": models.SubmitResponse, "Job": models.Job,
     "CancelAccepted": models.CancelAccepted, "QueueContext": models.QueueContext,
     "Summary": models.Summary, "JobAnalytics": models.JobAnalytics, "Health": models.Health,
-    "Error": models.Error,
+    "Error": models.Error, "RetryResponse": models.RetryResponse,
 }
 
 

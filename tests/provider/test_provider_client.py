@@ -23,10 +23,13 @@ from sftq_server.provider import (
     FireworksClient,
     NotFound,
     ProviderError,
+    ProviderJob,
     Quota,
     Rejected,
     Transient,
+    is_known_state,
     map_provider_state,
+    normalize_state,
     parse_retry_after,
     provider_job_id,
 )
@@ -471,7 +474,8 @@ def _answer(
         (404, "quota", NotFound),
         (404, "create", Rejected),
         (408, "create", Transient),
-        (409, "create", AlreadyExists),
+        # A 409 whose body is not ALREADY_EXISTS (here INVALID_ARGUMENT): see below.
+        (409, "create", Transient),
         (412, "create", Rejected),
         (422, "create", Rejected),
         (429, "create", Transient),
@@ -672,3 +676,75 @@ def test_from_env(server: SimulatorServer, api_key: str) -> None:
     ):
         with pytest.raises(ValueError):
             FireworksClient.from_env(broken)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('{"code": 6, "message": "job \\"x\\" already exists"}', AlreadyExists),
+        ('{"code": "ALREADY_EXISTS", "message": "exists"}', AlreadyExists),
+        ('{"error": {"code": 409, "status": "ALREADY_EXISTS", "message": "m"}}', AlreadyExists),
+        ('{"message": "supervisedFineTuningJob already exists"}', AlreadyExists),
+        ('{"code": 10, "message": "ABORTED: concurrent modification"}', Transient),
+        ('{"code": "ABORTED", "message": "already exists? no: aborted"}', Transient),
+        ('{"error": {"status": "ABORTED", "message": "try again"}}', Transient),
+        ("", Transient),
+        ("<html>conflict</html>", Transient),
+    ],
+)
+def test_only_already_exists_is_an_adoption(
+    mocked: Callable[..., FireworksClient], body: str, expected: type[ProviderError]
+) -> None:
+    client = mocked(_answer(409, body))
+    with pytest.raises(ProviderError) as caught:
+        client.create_job("SFT", "j1", SFT)
+    assert type(caught.value) is expected
+    assert caught.value.body == body  # kept verbatim either way
+
+
+@pytest.mark.parametrize(
+    ("state", "normalized", "outcome", "known"),
+    [
+        ("COMPLETED", "JOB_STATE_COMPLETED", "SUCCESS", True),
+        ("completed", "JOB_STATE_COMPLETED", "SUCCESS", True),
+        ("FAILED", "JOB_STATE_FAILED", "FAIL", True),
+        ("EXPIRED", "JOB_STATE_EXPIRED", "FAIL", True),
+        ("DELETED", "JOB_STATE_DELETED", "CANCELLED", True),
+        ("RUNNING", "JOB_STATE_RUNNING", None, True),
+        ("JOB_STATE_WRITING_RESULTS", "JOB_STATE_WRITING_RESULTS", None, True),
+        ("WARMING_UP", "JOB_STATE_WARMING_UP", None, False),
+        (" ", None, None, False),
+    ],
+)
+def test_states_with_or_without_the_prefix(
+    state: str, normalized: str | None, outcome: str | None, known: bool
+) -> None:
+    assert normalize_state(state) == normalized
+    assert map_provider_state(state) == outcome
+    assert is_known_state(state) is known
+
+
+def test_job_progress_status_code_and_cost_are_read() -> None:
+    job = ProviderJob.from_resource(
+        "SFT",
+        {
+            "name": "accounts/a/supervisedFineTuningJobs/j",
+            "state": "JOB_STATE_FAILED",
+            "status": {"code": 8, "message": "out of capacity"},
+            "jobProgress": {"percent": 42.5, "epoch": "2"},
+            "estimatedCost": {"currencyCode": "USD", "units": "3"},
+        },
+    )
+    assert (job.status_code, job.progress_percent, job.progress_epoch) == (
+        "RESOURCE_EXHAUSTED",
+        42.5,
+        2,
+    )
+    assert job.estimated_cost == {"currencyCode": "USD", "units": "3"}
+    bare = ProviderJob.from_resource("DPO", {"status": {"code": "internal"}, "jobProgress": 7})
+    assert (bare.status_code, bare.progress_percent, bare.progress_epoch) == (
+        "INTERNAL",
+        None,
+        None,
+    )
+    assert bare.estimated_cost is None

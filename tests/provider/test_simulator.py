@@ -152,8 +152,10 @@ def test_job_resource_shape_and_lifecycle(
     assert running["createTime"] == created["createTime"]
     assert running["updateTime"] > created["updateTime"]
     advance(29.0)
+    # Half way through 2 epochs: the second epoch has begun.
     assert http.get(f"{BASE}/supervisedFineTuningJobs/shape").json()["jobProgress"] == {
-        "percent": 50
+        "percent": 50,
+        "epoch": 2,
     }
     advance(30.0)
     done = http.get(f"{BASE}/supervisedFineTuningJobs/shape").json()

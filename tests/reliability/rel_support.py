@@ -28,7 +28,7 @@ import httpx
 import psycopg
 
 from sftq_server.settings import Settings
-from sftq_server.simulator import COLLECTIONS, Simulator
+from sftq_server.simulator import COLLECTIONS, TERMINAL_STATES, Simulator
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "sim-account"
@@ -97,24 +97,47 @@ class Answer:
     fault: str | None  # None, or what this wrapper did: forced-<status>, drop, lost
 
 
+# What a provider answers when it refuses one job's payload (not our credentials), and a 409
+# that is not "already exists": the two answers issue 10 says the tick used to misread.
+FORBIDDEN_BODY = {"code": 7, "message": "permission denied on model accounts/other/models/private",
+                  "details": []}
+ABORTED_BODY = {"code": 10, "message": "ABORTED: concurrent modification, try again",
+                "details": []}
+
+
 class FaultySim(Simulator):
     """The simulator, plus: every answer it gave (the simulator logs requests, not answers, and
     "created exactly once" needs answers), and faults a network adds that the simulator's own
     fault injection does not: an answer lost *after* the request was applied (`lost_rate`), and
-    per-provider-id rules (`rules[pid](op, n)` -> None | "503" | "429" | "drop" | "lost").
+    per-provider-id rules (`rules[pid](op, n)` -> None | "503" | "429" | "drop" | "lost" |
+    "403" | "409"). Drawn at random too: a job whose every create is refused with a 403 for the
+    job's own sake (`forbidden_rate`, drawn once per job) and creates answered 409 ABORTED
+    (`aborted_rate`, drawn per create); neither is applied. With `draw_by` N, each of the two
+    that has not come up by the N-th job created is forced on it, so a short run has both.
     """
 
     def __init__(self, *, lost_rate: float = 0.0, lost_seconds: float = 0.5,
-                 rng_seed: int = 1, **kwargs: Any) -> None:
+                 rng_seed: int = 1, forbidden_rate: float = 0.0, aborted_rate: float = 0.0,
+                 draw_by: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.lost_rate = lost_rate
         self.lost_seconds = lost_seconds
+        self.forbidden_rate = forbidden_rate
+        self.aborted_rate = aborted_rate
+        self.forbidden: set[str] = set()  # also jobs a test marks by hand
+        self.forbidden_drawn = 0
+        self.aborted = 0
+        self.draw_by = draw_by
+        self._drawn: set[str] = set()
         self.rules: dict[str, Callable[[str, int], str | None]] = {}
         self.answers: list[Answer] = []
         self._calls_per_pid: Counter[tuple[str, str]] = Counter()
         self._rec_lock = threading.Lock()
         self._wrng = random.Random(rng_seed)
         self._stopping = threading.Event()
+
+    def _due(self) -> bool:
+        return 0 < self.draw_by <= len(self._drawn)
 
     def release(self) -> None:
         """Wake every handler sleeping out an injected fault (before the server stops)."""
@@ -149,8 +172,30 @@ class FaultySim(Simulator):
             self._calls_per_pid[(op, provider_id)] += 1
             lose = bool(self.lost_rate) and op in ("create", "delete", "cancel") \
                 and self._wrng.random() < self.lost_rate
+            if op == "create" and provider_id and provider_id not in self._drawn:
+                self._drawn.add(provider_id)
+                if self.forbidden_rate and (self._wrng.random() < self.forbidden_rate
+                                            or (self._due() and not self.forbidden_drawn)):
+                    self.forbidden.add(provider_id)
+                    self.forbidden_drawn += 1
+            drawn = None
+            if op == "create" and provider_id in self.forbidden:
+                drawn = "403"
+            elif op == "create" and self.aborted_rate and (
+                    self._wrng.random() < self.aborted_rate or (self._due() and not self.aborted)):
+                drawn = "409"
+                self.aborted += 1
         rule = self.rules.get(provider_id) if provider_id else None
-        forced = rule(op, n) if rule is not None else None
+        forced = rule(op, n) if rule is not None else drawn
+        if forced in ("403", "409"):
+            # Refused before it is applied, with the body Fireworks would send.
+            status = int(forced)
+            body = json.dumps(FORBIDDEN_BODY if status == 403 else ABORTED_BODY).encode()
+            reason = "Forbidden" if status == 403 else "Conflict"
+            start_response(f"{status} {reason}", [("Content-Type", "application/json"),
+                                                  ("Content-Length", str(len(body)))])
+            self._record(method, op, provider_id, status, f"forced-{forced}")
+            return [body]
         if forced in ("503", "429"):
             # Refused before it is applied, like a gateway in front of the provider.
             body = json.dumps({"code": 14, "message": f"forced {forced}", "details": []}).encode()
@@ -245,6 +290,9 @@ def rel_settings(db_url: str, sim_url: str, **overrides: Any) -> Settings:
         "fireworks_api_key": FW_KEY, "fireworks_account_id": ACCOUNT,
         "fireworks_timeout_seconds": 5.0, "usage_grace_seconds": 300.0,
         "tick_lease_seconds": 10.0,
+        # In-process ticks here come back to back: no backoff between create attempts
+        # unless a test asks for one (the fault run's tick processes keep a short one).
+        "submit_backoff_seconds": 0.0,
     }
     values.update(overrides)
     return Settings(**values)
@@ -445,8 +493,7 @@ def finisher(sim: Simulator, stop: threading.Event, deadline: float, rng: random
     rounds = 0
     while not stop.is_set() and time.monotonic() < deadline and rounds < 100_000:
         rounds += 1
-        running = [j for j in sim.jobs() if j["state"] in ("JOB_STATE_CREATING",
-                                                            "JOB_STATE_RUNNING")]
+        running = [j for j in sim.jobs() if j["state"] not in TERMINAL_STATES]
         for job in running:
             if rng.random() < share:
                 state = rng.choice(FINISH_STATES)
@@ -750,8 +797,7 @@ def orphan_violations(conn: Conn, sim: Simulator) -> list[str]:
     bad = []
     for job in sim.jobs():
         provider_id = job["name"].rsplit("/", 1)[-1]
-        if job["state"] in ("JOB_STATE_CREATING", "JOB_STATE_RUNNING") \
-                and states.get(provider_id) != "PROGRESS":
+        if job["state"] not in TERMINAL_STATES and states.get(provider_id) != "PROGRESS":
             bad.append(f"{provider_id} runs at the provider, ours is {states.get(provider_id)}")
     return bad
 

@@ -129,7 +129,9 @@ def test_gpu_check_catches_a_budget_that_trusts_lagging_usage(
 def test_nothing_lost_check_catches_a_201_without_a_row(
         db_url: str, make_sim: Any, make_gateway: Any, figures: dict[str, Any]) -> None:
     # Answers 201 with a made-up job for one request in ten, storing nothing.
-    load_broken(db_url, "procedures/100_api.sql", "CREATE OR REPLACE FUNCTION sftq.api_enqueue(",
+    # (POST /jobs calls sftq.api_submit since queue timeouts; it is the one to break.)
+    load_broken(db_url, "procedures/075_retry_timeout.sql",
+                "CREATE OR REPLACE FUNCTION sftq.api_submit(",
                 "BEGIN\n    SELECT * INTO v_row FROM sftq.enqueue(",
                 "BEGIN\n    IF p_display_name LIKE '%3' THEN\n"
                 "        body := json_build_object('id', gen_random_uuid(), 'kind', p_kind,\n"
@@ -159,7 +161,7 @@ def test_created_once_check_catches_a_create_that_is_not_idempotent(
 
 
 SUBMIT_ERROR = ("procedures/070_provider.sql",
-                "CREATE OR REPLACE FUNCTION sftq.record_submit_error(")
+                "CREATE OR REPLACE FUNCTION sftq.record_submit_failure(")
 
 
 @pytest.mark.parametrize("broken", [False, True], ids=["control", "broken"])
@@ -168,12 +170,16 @@ def test_stuck_check_catches_a_failed_submission_that_leaves_no_trace(
     if broken:
         # A transient failure is swallowed: the job stays PROGRESS with nothing to say why.
         load_broken(db_url, *SUBMIT_ERROR,
-                    "        UPDATE sftq.jobs SET submit_attempts = submit_attempts + 1, "
-                    "last_submit_error = p_error\n         WHERE id = p_job_id;\n"
+                    "        UPDATE sftq.jobs SET submit_attempts = v_attempt, "
+                    "last_submit_error = p_error,\n"
+                    "                             next_submit_at = v_next\n"
+                    "         WHERE id = p_job_id;\n"
                     "        PERFORM sftq._event(p_job_id, p_now, 'scheduler', 'submit_retry', "
                     "v_job.state,\n"
                     "                jsonb_build_object('error', left(p_error, 2000), "
-                    "'attempt', v_job.submit_attempts + 1));\n", "")
+                    "'attempt', v_attempt,\n"
+                    "                                   'next_attempt_at', sftq._iso(v_next)));\n",
+                    "")
     # Three jobs, so that their failures (three in a row) stay below the tick's breaker.
     mini_faults(db_url, make_sim, users=3, failing_creates=lambda i: 10, ticks=2)
     with connect(db_url) as conn:

@@ -38,3 +38,19 @@ def test_load_and_concurrency_keep_every_invariant(
     assert not result.ticks.problems, result.ticks.problems[:10]
     violations = result.all_violations()
     assert not violations, {k: v[:5] for k, v in violations.items()}
+
+
+def test_a_lagging_usage_never_overspends_under_load(
+        db_url: str, make_sim: Any, make_gateway: Any, figures: dict[str, Any]) -> None:
+    """The same load, with the provider's usage counting a job only 60 s after its create
+    (issue 19): the GPU checks after every tick and at the end find no tick that spent more
+    than the quota, while the rule that stops counting a job twice is in force."""
+    p = LoadParams(seconds=env_float("SFTQ_REL_LAG_SECONDS", 8.0), clients=16, tickers=3,
+                   users=8, max_requests=100_000, job_seconds=1.0, quota=16, seed=seed() + 19,
+                   usage_lag=60.0)
+    result = run_load(db_url, make_sim, make_gateway, p)
+    figures.update(result.figures)
+    assert result.figures["admissions"] >= 2 * p.seconds, result.figures
+    assert result.ticks.checks >= 5, result.figures
+    violations = result.all_violations()
+    assert not violations, {k: v[:5] for k, v in violations.items()}

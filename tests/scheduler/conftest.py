@@ -55,7 +55,10 @@ def settings(db_url: str, sim_server: SimulatorServer) -> Settings:
     return Settings(database_url=db_url, tick_secret=TICK_SECRET,
                     fireworks_base_url=sim_server.url, fireworks_api_key=API_KEY,
                     fireworks_account_id=ACCOUNT, fireworks_timeout_seconds=5.0,
-                    usage_grace_seconds=300.0, tick_lease_seconds=30.0)
+                    usage_grace_seconds=300.0, tick_lease_seconds=30.0,
+                    # No backoff between create attempts unless a test asks for one: the
+                    # tests below tick back to back, and the backoff has tests of its own.
+                    submit_backoff_seconds=0.0)
 
 
 @pytest.fixture

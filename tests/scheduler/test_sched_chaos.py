@@ -73,7 +73,10 @@ def test_chaos_every_job_ends_right_and_is_created_once(
     # 30% of calls fail: 5xx and 429 answers, and timeouts the client gives up on.
     sim.set_faults(error_rate=0.2, statuses=[500, 502, 503, 504, 429], timeout_rate=0.125,
                    timeout_seconds=0.5)
-    env = child_env(FIREWORKS_TIMEOUT="0.25", SFTQ_TICK_LEASE_SECONDS="0.6")
+    # A short create backoff (0.1 s doubling): the path stays in the run, its waits do not
+    # outlast it.
+    env = child_env(FIREWORKS_TIMEOUT="0.25", SFTQ_TICK_LEASE_SECONDS="0.6",
+                    SFTQ_SUBMIT_BACKOFF_SECONDS="0.1")
     cancelled: set[uuid.UUID] = set()
     runs = kills = 0
     log = tmp_path / "ticks.log"

@@ -73,7 +73,11 @@ def test_external_deletion_ends_cancelled(conn: Conn, sim: RecordingSimulator,
         row = job(conn, job_id)
         assert row["state"] == "CANCELLED"
         assert row["error"] == f"cancelled outside the queue (provider reported {seen})"
-        assert events(conn, job_id)[-1]["event"] == "reconciled"
+        # 'reconciled' is folded into 'cancelled'; detail.reason says where it happened.
+        last = events(conn, job_id)[-1]
+        assert last["event"] == "cancelled"
+        assert last["detail"]["reason"] == ("deleted_outside" if seen == "NOT_FOUND"
+                                            else "cancelled_outside")
 
 
 def test_external_deletion_found_by_listing(conn: Conn, sim: RecordingSimulator,

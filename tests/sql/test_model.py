@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+from uuid import UUID
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -130,4 +131,113 @@ def test_procedures_agree_with_the_model(q: Q, ops: list[tuple[Any, ...]]) -> No
                 assert q.one("SELECT sftq.complete_cancel(%s)", ids[i]) == "CANCELLED"
         states = dict(q.all("SELECT id, state FROM sftq.jobs"))
         assert [states[j] for j in ids] == [m.state for m in model.jobs], (step, o)
+    assert q.all(COUNTER_DRIFT) == []
+
+
+# ---- the GPU budget against a provider whose usage lags (issue 19) -------------------------
+#
+# A small provider model: our jobs hold their GPUs from their create on, but its `usage` counts
+# a job only `lag` seconds after the create; external usage moves between ticks. A tick reads
+# the usage, admits (sftq.admit_for_quota), creates what it admitted, reads the usage again
+# and credits the rise (sftq.record_usage_reading), all at one instant of the model's clock.
+
+LIMIT = 16
+GRACE = 300
+BUDGET_USERS = ["a", "b", "c", "d"]
+
+budget_op = st.one_of(
+    st.tuples(st.just("enqueue"), st.sampled_from(BUDGET_USERS), st.sampled_from([1, 2, 4, 8])),
+    st.tuples(st.just("end"), st.integers(0, 40)),
+    st.tuples(st.just("external"), st.sampled_from([0, 0, 2, 4, 6, 8, 12])),
+    st.tuples(st.just("advance"), st.sampled_from([1, 10, 30, 45, 90, 400])),
+    st.tuples(st.just("tick")),
+)
+
+
+@dataclass
+class BJob:
+    user: str
+    gpus: int
+    state: str = "QUEUED"
+    created_at: float | None = None  # model seconds, at the provider
+    counted: bool = False  # credited by a reading (usage_counted_at)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(lag=st.sampled_from([0, 60]), ops=st.lists(budget_op, min_size=1, max_size=50))
+def test_budget_with_lag_and_external_usage(q: Q, lag: int, ops: list[tuple[Any, ...]]) -> None:
+    q.conn.execute(
+        "TRUNCATE sftq.job_events, sftq.jobs, sftq.api_keys, sftq.users RESTART IDENTITY CASCADE"
+    )
+    uid = {u: q.user(u) for u in BUDGET_USERS}
+    jobs: list[BJob] = []
+    ids: list[UUID] = []
+    clock = 0.0
+    external = 0
+
+    def running() -> list[tuple[BJob, UUID]]:
+        return [(j, i) for j, i in zip(jobs, ids, strict=True) if j.state == "PROGRESS"]
+
+    def usage(now: float) -> int:
+        seen = sum(j.gpus for j, _ in running()
+                   if j.created_at is not None and now - j.created_at >= lag)
+        return external + seen
+
+    for step, o in enumerate(ops):
+        kind = o[0]
+        now = clock + step * 1e-3  # strictly increasing, so FIFO order is enqueue order
+        if kind == "enqueue":
+            ids.append(q.enqueue(uid[o[1]], "SFT", o[2], at=t(now)))
+            jobs.append(BJob(o[1], o[2]))
+        elif kind == "end" and ids:
+            i = o[1] % len(ids)
+            if jobs[i].state == "PROGRESS":
+                jobs[i].state = "SUCCESS"
+                assert q.provider_state(ids[i], "JOB_STATE_COMPLETED", at=t(now)) == "SUCCESS"
+        elif kind == "external":
+            external = o[1]
+        elif kind == "advance":
+            clock += o[1]
+        elif kind == "tick":
+            before = usage(now)
+            ours = sum(j.gpus for j, _ in running())
+            recent = sum(j.gpus for j, _ in running() if not j.counted
+                         and j.created_at is not None and now - j.created_at < GRACE)
+            answer = q.one("SELECT sftq.admit_for_quota(%s, %s, make_interval(secs => %s), %s)",
+                           LIMIT, before, GRACE, t(now))
+            # The rule as docs/scheduling.md states it ...
+            assert answer["budget"] == LIMIT - max(before + recent, ours), (step, answer)
+            admitted = [UUID(j["job_id"]) for j in answer["jobs"]]
+            for job_id in admitted:
+                j = jobs[ids.index(job_id)]
+                j.state, j.created_at = "PROGRESS", now
+                q.submitted(job_id, at=t(now))
+            # ... never spends what the provider's usage and our own jobs leave no room for ...
+            if admitted:
+                held = sum(j.gpus for j, _ in running())
+                assert held + external <= LIMIT, (step, held, external)
+            # ... and, with no lag, is the contract's own figure: limit - usage.
+            if lag == 0:
+                assert recent == 0 and answer["budget"] == LIMIT - max(before, ours), step
+            # The second reading: the rise credits uncounted recent jobs, oldest first
+            # (ties by id, as SQL orders them), whole jobs, as far as the rise goes.
+            after = usage(now)
+            q.one("SELECT sftq.record_usage_reading(%s, %s, make_interval(secs => %s), %s)",
+                  before, after, GRACE, t(now))
+            rise = after - before
+            pending = sorted(((j, i) for j, i in running() if not j.counted
+                              and j.created_at is not None and now - j.created_at < GRACE),
+                             key=lambda ji: (ji[0].created_at, ji[1]))
+            for j, _ in pending:
+                if rise < j.gpus:
+                    break
+                rise -= j.gpus
+                j.counted = True
+            flags = dict(q.all("SELECT id, usage_counted_at IS NOT NULL FROM sftq.jobs "
+                               "WHERE state = 'PROGRESS'"))
+            assert {i: j.counted for j, i in running()} == flags, step
+        states = dict(q.all("SELECT id, state FROM sftq.jobs"))
+        assert [states[i] for i in ids] == [j.state for j in jobs], (step, o)
     assert q.all(COUNTER_DRIFT) == []

@@ -329,9 +329,10 @@ def test_complete_cancel_requires_a_request(q: Q) -> None:
         ("JOB_STATE_FAILED", "FAIL", "failed"),
         ("JOB_STATE_EXPIRED", "FAIL", "failed"),
         ("JOB_STATE_EARLY_STOPPED", "FAIL", "failed"),
-        ("JOB_STATE_CANCELLED", "CANCELLED", "reconciled"),
-        ("JOB_STATE_DELETED", "CANCELLED", "reconciled"),
-        ("NOT_FOUND", "CANCELLED", "reconciled"),
+        # Folded into 'cancelled' (detail.reason says it happened outside the queue).
+        ("JOB_STATE_CANCELLED", "CANCELLED", "cancelled"),
+        ("JOB_STATE_DELETED", "CANCELLED", "cancelled"),
+        ("NOT_FOUND", "CANCELLED", "cancelled"),
         ("JOB_STATE_RUNNING", "PROGRESS", "provider_state"),
         ("JOB_STATE_PAUSED", "PROGRESS", "provider_state"),
         ("JOB_STATE_SOMETHING_NEW", "PROGRESS", "provider_state"),
@@ -350,6 +351,11 @@ def test_provider_state_mapping(q: Q, provider: str, ours: str, event: str) -> N
         assert row["error"] == "boom"
     if ours == "CANCELLED":
         assert "outside the queue" in row["error"]
+        reason = q.one(
+            "SELECT detail->>'reason' FROM sftq.job_events WHERE job_id = %s ORDER BY id DESC LIMIT 1",
+            job,
+        )
+        assert reason == ("cancelled_outside" if provider == "JOB_STATE_CANCELLED" else "deleted_outside")
     # A finished job ignores later reports.
     if ours != "PROGRESS":
         assert q.provider_state(job, "JOB_STATE_RUNNING") == ours
@@ -362,7 +368,11 @@ def test_rejected_submission_fails_with_the_body_verbatim(q: Q) -> None:
     body = '{"code": 3, "message": "dataset is required", "details": []}'
     assert q.one("SELECT sftq.record_submit_error(%s, %s, false)", job, body) == "FAIL"
     assert q.job(job)["error"] == body
-    assert q.events(job)[-1] == ("submission_rejected", "PROGRESS", "FAIL")
+    # Folded into 'failed' (detail.reason says the create was refused).
+    assert q.events(job)[-1] == ("failed", "PROGRESS", "FAIL")
+    detail = q.one("SELECT detail FROM sftq.job_events WHERE job_id = %s ORDER BY id DESC LIMIT 1", job)
+    assert detail["reason"] == "submission_rejected" and detail["failure_class"] == "permanent"
+    assert q.job(job)["failure_class"] == "permanent"
 
 
 def test_transient_submission_error_keeps_the_job_with_a_visible_reason(q: Q) -> None:

@@ -1,9 +1,10 @@
-"""``sftq submit | list | get | cancel | wait``: one's own jobs."""
+"""``sftq submit | list | get | cancel | wait | retry``: one's own jobs."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -11,7 +12,7 @@ from itertools import islice
 from typing import Any, Final, TextIO
 
 from .._client import MIN_ID_PREFIX
-from ..models import KINDS, STATES, CancelResult, Job
+from ..models import KINDS, STATES, CancelResult, Job, RetryResult
 from ._common import (
     EXIT_OK,
     ID_HELP,
@@ -33,6 +34,26 @@ from ._common import (
     table,
     upper_choice,
 )
+
+# The server's bounds for queue_timeout_seconds: 1 second to 30 days.
+MAX_QUEUE_TIMEOUT: Final = 2_592_000
+_DURATION_RE: Final = re.compile(r"(\d+)\s*([smhd]?)")
+_UNIT_SECONDS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def queue_timeout(text: str) -> int:
+    """``--queue-timeout``: 90, 90s, 30m, 6h or 2d, as seconds (1 s to 30 days)."""
+    match = _DURATION_RE.fullmatch(text.strip().lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: use a number with s, m, h or d (30m, 6h, 2d)"
+        )
+    seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if not 1 <= seconds <= MAX_QUEUE_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is out of range: a queue timeout is 1 second to 30 days"
+        )
+    return seconds
 
 
 def _read_payload(path: str, kind: str) -> dict[str, Any]:
@@ -120,6 +141,7 @@ def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
         display_name=args.display_name,
         gpu_count=args.gpu_count,
         idempotency_key=args.idempotency_key,
+        queue_timeout_seconds=args.queue_timeout,
     )
     if args.wait:
         # The id goes to stderr first so it is not lost if the wait is interrupted.
@@ -234,6 +256,24 @@ def _cmd_cancel(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_OK
 
 
+def _cmd_retry(args: argparse.Namespace, ctx: Context) -> int:
+    result: RetryResult = ctx.client.retry(resolve_job(ctx, args.job_id),
+                                           idempotency_key=args.idempotency_key)
+    if args.wait:
+        err(f"queued {result.id} ({result.kind}), a retry of {result.retry_of}; "
+            "waiting for it to finish")
+        return _wait_and_report(
+            ctx, result.id, interval=args.interval, timeout=args.timeout, as_json=args.json
+        )
+    if args.json:
+        print_json(result)
+    else:
+        out(f"queued {result.id} ({result.kind}), a retry of {result.retry_of}, "
+            f"at {fmt_time(result.created_at)}")
+        out(f"follow it with: sftq wait {result.id}")
+    return EXIT_OK
+
+
 def _cmd_wait(args: argparse.Namespace, ctx: Context) -> int:
     return _wait_and_report(
         ctx,
@@ -266,6 +306,13 @@ def register(command: CommandFactory) -> None:
         metavar="KEY",
         help="reuse KEY to make re-running this exact command safe (default: a fresh UUID)",
     )
+    p.add_argument(
+        "--queue-timeout",
+        type=queue_timeout,
+        metavar="DURATION",
+        help="cancel the job if it is still queued after DURATION (e.g. 30m, 6h, 2d; "
+        "1 second to 30 days)",
+    )
     p.add_argument("--wait", action="store_true", help="then wait for the job like `sftq wait`")
     add_wait_options(p)
     add_json(p)
@@ -296,6 +343,18 @@ def register(command: CommandFactory) -> None:
     p.add_argument("job_id", metavar="ID", help=ID_HELP)
     add_json(p)
     p.set_defaults(handler=_cmd_cancel)
+
+    p = command("retry", "enqueue a FAIL or CANCELLED job again, as a new job")
+    p.add_argument("job_id", metavar="ID", help=ID_HELP)
+    p.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="reuse KEY to make re-running this exact command safe (default: a fresh UUID)",
+    )
+    p.add_argument("--wait", action="store_true", help="then wait for the new job")
+    add_wait_options(p)
+    add_json(p)
+    p.set_defaults(handler=_cmd_retry)
 
     p = command("wait", "wait until a job is SUCCESS, FAIL or CANCELLED")
     p.add_argument("job_id", metavar="ID", help=ID_HELP)

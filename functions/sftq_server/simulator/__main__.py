@@ -1,0 +1,9 @@
+"""`python -m sftq_server.simulator`: run the simulator until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import sys
+
+from .server import main
+
+sys.exit(main())

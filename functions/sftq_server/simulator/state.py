@@ -1,0 +1,496 @@
+"""The simulated Fireworks account: its jobs, their lifecycle, the GPU quota, and the Python
+control helpers (the same operations as the `/_sim` surface).
+
+Job state is computed lazily from the clock rather than by a background thread, so a fake
+clock makes the simulator fully deterministic and there is nothing to stop but the server.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import random
+import string
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .rules import DEFAULT_TIMEOUT_SECONDS, Faults
+from .validation import (
+    HttpError,
+    integer,
+    job_epochs,
+    job_gpus,
+    number,
+    valid_id,
+    validate_payload,
+)
+
+# collection -> (kind, query parameter that carries the caller-chosen id)
+COLLECTIONS: dict[str, tuple[str, str]] = {
+    "supervisedFineTuningJobs": ("SFT", "supervisedFineTuningJobId"),
+    "dpoJobs": ("DPO", "dpoJobId"),
+    "reinforcementFineTuningJobs": ("RFT", "reinforcementFineTuningJobId"),
+}
+KIND_TO_COLLECTION = {kind: coll for coll, (kind, _) in COLLECTIONS.items()}
+
+COMPLETED = "JOB_STATE_COMPLETED"
+CANCELLED = "JOB_STATE_CANCELLED"
+FINISH_STATES = frozenset(
+    {
+        COMPLETED,
+        "JOB_STATE_FAILED",
+        "JOB_STATE_EXPIRED",
+        "JOB_STATE_EARLY_STOPPED",
+        CANCELLED,
+    }
+)
+TERMINAL_STATES = FINISH_STATES | {"JOB_STATE_DELETED"}
+# The states a job passes through on its own, in order (see SimState._state).
+LIFECYCLE = (
+    "JOB_STATE_CREATING",
+    "JOB_STATE_PENDING",
+    "JOB_STATE_RUNNING",
+    "JOB_STATE_WRITING_RESULTS",
+    COMPLETED,
+)
+
+_FINISH_STATUS = {
+    COMPLETED: "OK",
+    "JOB_STATE_FAILED": "INTERNAL",
+    "JOB_STATE_EXPIRED": "DEADLINE_EXCEEDED",
+    "JOB_STATE_EARLY_STOPPED": "OK",
+    CANCELLED: "CANCELLED",
+}
+
+_OUTPUT_ONLY = frozenset(
+    {
+        "name",
+        "state",
+        "status",
+        "createTime",
+        "updateTime",
+        "completedTime",
+        "createdBy",
+        "jobProgress",
+        "estimatedCost",
+    }
+)
+
+# What a simulated GPU-hour costs, for `estimatedCost` (a made-up figure, in USD).
+GPU_HOUR_USD = 2.5
+LIST_PAGE_DEFAULT = 50
+LIST_PAGE_MAX = 200
+# A long-running demo server must not grow without bound; tests stay far below this.
+MAX_RECORDED_REQUESTS = 100_000
+
+
+@dataclass
+class SimJob:
+    collection: str
+    job_id: str
+    payload: dict[str, Any]
+    gpus: int
+    created: float
+    job_seconds: float
+    final_state: str | None = None
+    final_message: str | None = None
+    final_at: float | None = None
+
+
+def _money(usd: float) -> dict[str, Any]:
+    # google.type.Money, as proto3 JSON writes it: int64 units as a string, int32 nanos.
+    units = int(usd)
+    return {"currencyCode": "USD", "units": str(units), "nanos": int(round((usd - units) * 1e9))}
+
+
+class SimState:
+    """The account's state and the operations on it; `Simulator` adds the HTTP surface."""
+
+    def __init__(
+        self,
+        *,
+        account_id: str = "sim-account",
+        job_seconds: float = 60.0,
+        max_value: int = 64,
+        value: int | None = None,
+        quota_id: str = "training-h200-count",
+        clock: Callable[[], float] = time.monotonic,
+        seed: int | None = None,
+    ) -> None:
+        if job_seconds < 0:
+            raise ValueError("job_seconds must be >= 0 (0: jobs never finish on their own)")
+        self.account_id = account_id
+        self.job_seconds = float(job_seconds)
+        self.quota_id = quota_id
+        self._default_max_value = integer(max_value, "max_value")
+        self._default_value = None if value is None else integer(value, "value")
+        self._clock = clock
+        self._seed = seed
+        # Wall-clock timestamps are derived from the (possibly fake) clock so that they move
+        # with it: createTime and completedTime agree with the lifecycle the clock drives.
+        self._t0 = clock()
+        self._epoch = time.time()
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._reset_locked()
+
+    def _reset_locked(self) -> None:
+        self._jobs: dict[tuple[str, str], SimJob] = {}
+        self._requests: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDED_REQUESTS)
+        self._faults = Faults()
+        self._rng = random.Random(self._seed)
+        self._max_value = self._default_max_value
+        self._value = (
+            self._default_max_value if self._default_value is None else self._default_value
+        )
+        self._external_usage: float = 0
+        self._usage_lag = 0.0
+        self._offset = 0.0
+
+    # -- time and lifecycle -----------------------------------------------------------------
+
+    def _now(self) -> float:
+        return self._clock() + self._offset
+
+    def _timestamp(self, at: float) -> str:
+        moment = datetime.fromtimestamp(self._epoch + (at - self._t0), tz=UTC)
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    @staticmethod
+    def _phase_seconds(job: SimJob) -> float:
+        # CREATING then PENDING share the first min(1 s, job_seconds / 10); WRITING_RESULTS
+        # takes as long at the end. A job that never finishes by itself (0) goes straight
+        # to RUNNING.
+        return min(1.0, job.job_seconds / 10)
+
+    def _state(self, job: SimJob, now: float) -> tuple[str, float]:
+        """The job's state at `now` and when it entered it."""
+        if job.final_state is not None and job.final_at is not None:
+            return job.final_state, job.final_at
+        elapsed = now - job.created
+        total = job.job_seconds
+        if total > 0 and elapsed >= total:
+            return COMPLETED, job.created + total
+        phase = self._phase_seconds(job)
+        if elapsed < phase / 2:
+            return "JOB_STATE_CREATING", job.created
+        if elapsed < phase:
+            return "JOB_STATE_PENDING", job.created + phase / 2
+        if total > 0 and elapsed >= total - phase:
+            return "JOB_STATE_WRITING_RESULTS", job.created + total - phase
+        return "JOB_STATE_RUNNING", job.created + phase
+
+    def _progress(self, job: SimJob, state: str, now: float) -> dict[str, Any] | None:
+        """jobProgress: a percent that grows with time and the current epoch (1-based)."""
+        if job.job_seconds <= 0:
+            return None
+        epochs = job_epochs(job.payload)
+        if state == COMPLETED:
+            return {"percent": 100, "epoch": epochs}
+        if state not in ("JOB_STATE_RUNNING", "JOB_STATE_WRITING_RESULTS"):
+            return None
+        fraction = max(0.0, min(1.0, (now - job.created) / job.job_seconds))
+        percent = max(0, min(99, int(100 * fraction)))
+        return {"percent": percent, "epoch": min(epochs, int(fraction * epochs) + 1)}
+
+    def _resource(self, job: SimJob, now: float) -> dict[str, Any]:
+        state, since = self._state(job, now)
+        # Output-only fields in a create body are ignored by Fireworks, never echoed.
+        resource = {k: copy.deepcopy(v) for k, v in job.payload.items() if k not in _OUTPUT_ONLY}
+        resource.setdefault("displayName", job.job_id)
+        resource["name"] = f"accounts/{self.account_id}/{job.collection}/{job.job_id}"
+        resource["state"] = state
+        if state in FINISH_STATES:
+            code = _FINISH_STATUS[state]
+            resource["status"] = {"code": code, "message": job.final_message or ""}
+        else:
+            resource["status"] = {"code": "OK", "message": ""}
+        resource["createTime"] = self._timestamp(job.created)
+        resource["updateTime"] = self._timestamp(since)
+        if state in TERMINAL_STATES:
+            resource["completedTime"] = self._timestamp(since)
+        progress = self._progress(job, state, now)
+        if progress is not None:
+            resource["jobProgress"] = progress
+        if job.job_seconds > 0 and state != "JOB_STATE_CREATING":
+            resource["estimatedCost"] = _money(job.gpus * job.job_seconds / 3600 * GPU_HOUR_USD)
+        return resource
+
+    # -- quota ------------------------------------------------------------------------------
+
+    def _usage(self, now: float) -> float:
+        held = sum(
+            job.gpus
+            for job in self._jobs.values()
+            if now - job.created >= self._usage_lag
+            and self._state(job, now)[0] not in TERMINAL_STATES
+        )
+        return held + self._external_usage
+
+    def _quota_resource(self, now: float) -> dict[str, Any]:
+        usage = self._usage(now)
+        return {
+            "name": f"accounts/{self.account_id}/quotas/{self.quota_id}",
+            # int64 values travel as strings in Fireworks' JSON; usage is a double.
+            "value": str(self._value),
+            "maxValue": str(self._max_value),
+            "usage": int(usage) if float(usage).is_integer() else usage,
+            "updateTime": self._timestamp(now),
+        }
+
+    def _quota_settings(self) -> dict[str, Any]:
+        return {
+            "maxValue": self._max_value,
+            "value": self._value,
+            "external_usage": self._external_usage,
+            "usage_lag_seconds": self._usage_lag,
+            "quota": self._quota_resource(self._now()),
+        }
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def _find(self, collection: str, job_id: str) -> SimJob:
+        if collection in KIND_TO_COLLECTION:
+            collection = KIND_TO_COLLECTION[collection]
+        job = self._jobs.get((collection, job_id))
+        if job is None:
+            name = f"accounts/{self.account_id}/{collection}/{job_id}"
+            raise KeyError(f'{collection[:-1]} "{name}" not found')
+        return job
+
+    def _create(
+        self,
+        collection: str,
+        kind: str,
+        job_id: str | None,
+        body: Any,
+        gpu_header: str | None,
+        now: float,
+    ) -> dict[str, Any]:
+        validate_payload(kind, body)
+        payload: dict[str, Any] = body
+        if job_id is None or job_id == "":
+            job_id = self._generate_id(collection)
+        elif not valid_id(job_id):
+            raise HttpError(
+                400,
+                f"invalid argument: id {job_id!r} must be 1-63 characters of [a-z0-9-], "
+                "not starting or ending with '-'",
+            )
+        if (collection, job_id) in self._jobs:
+            name = f"accounts/{self.account_id}/{collection}/{job_id}"
+            raise HttpError(409, f'{collection[:-1]} "{name}" already exists')
+        job = SimJob(
+            collection=collection,
+            job_id=job_id,
+            payload=copy.deepcopy(payload),
+            gpus=job_gpus(payload, gpu_header),
+            created=now,
+            job_seconds=self.job_seconds,
+        )
+        self._jobs[(collection, job_id)] = job
+        return self._resource(job, now)
+
+    def _generate_id(self, collection: str) -> str:
+        alphabet = string.ascii_lowercase + string.digits
+        while True:
+            candidate = self._rng.choice(string.ascii_lowercase) + "".join(
+                self._rng.choice(alphabet) for _ in range(15)
+            )
+            if (collection, candidate) not in self._jobs:
+                return candidate
+
+    def _delete(self, collection: str, job_id: str) -> None:
+        # Fireworks removes the resource (possibly via JOB_STATE_DELETING); here at once.
+        del self._jobs[(collection, job_id)]
+
+    def _cancel(self, job: SimJob, now: float) -> None:
+        # Cancelling a finished job leaves it as it is (Fireworks' behaviour here is
+        # unconfirmed; answering 200 keeps a cancel that races completion harmless).
+        if job.final_state is None and self._state(job, now)[0] not in TERMINAL_STATES:
+            job.final_state, job.final_message, job.final_at = CANCELLED, None, now
+
+    def _list(self, collection: str, query: dict[str, str], now: float) -> dict[str, Any]:
+        raw_size = query.get("pageSize", "")
+        try:
+            size = int(raw_size) if raw_size else 0
+        except ValueError:
+            raise HttpError(400, f"invalid argument: pageSize {raw_size!r}") from None
+        if size < 0:
+            raise HttpError(400, "invalid argument: pageSize must not be negative")
+        size = min(size or LIST_PAGE_DEFAULT, LIST_PAGE_MAX)
+        after = self._decode_token(collection, query.get("pageToken", ""))
+        # Fireworks' default order is by name. Tokens carry the last name served (a keyset,
+        # not an offset), so jobs created or deleted between pages never shift a page.
+        # `filter` and `orderBy` are accepted and ignored.
+        jobs = sorted(
+            (job for (coll, _), job in self._jobs.items() if coll == collection),
+            key=lambda job: job.job_id,
+        )
+        remaining = [job for job in jobs if job.job_id > after] if after else jobs
+        page = remaining[:size]
+        envelope: dict[str, Any] = {
+            collection: [self._resource(job, now) for job in page],
+            "totalSize": len(jobs),
+        }
+        if len(remaining) > size:
+            envelope["nextPageToken"] = self._encode_token(collection, page[-1].job_id)
+        return envelope
+
+    @staticmethod
+    def _encode_token(collection: str, last_id: str) -> str:
+        return base64.urlsafe_b64encode(f"{collection}/{last_id}".encode()).decode().rstrip("=")
+
+    @staticmethod
+    def _decode_token(collection: str, token: str) -> str:
+        if not token:
+            return ""
+        try:
+            padded = token + "=" * (-len(token) % 4)
+            coll, _, last_id = base64.urlsafe_b64decode(padded).decode().partition("/")
+            if coll == collection and valid_id(last_id):
+                return last_id
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            pass
+        raise HttpError(400, "invalid argument: pageToken")
+
+    # -- sleeping (injected latency and timeouts) -------------------------------------------
+
+    def _release_sleepers(self) -> None:
+        # Injected timeouts and latency sleep on this event, so stopping or resetting the
+        # simulator never waits out a 15-second fault.
+        with self._lock:
+            wake, self._wake = self._wake, threading.Event()
+        wake.set()
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        with self._lock:
+            wake = self._wake
+        wake.wait(seconds)
+
+    # -- Python control helpers (same semantics as /_sim) -----------------------------------
+
+    def set_quota(
+        self,
+        *,
+        max_value: int | None = None,
+        value: int | None = None,
+        external_usage: float | None = None,
+        usage_lag_seconds: float | None = None,
+    ) -> dict[str, Any]:
+        """Change the quota; `value` follows `max_value` unless given. Returns the settings."""
+        new_max = None if max_value is None else integer(max_value, "maxValue")
+        new_value = None if value is None else integer(value, "value")
+        ext = None if external_usage is None else number(external_usage, "external_usage")
+        lag = None if usage_lag_seconds is None else number(usage_lag_seconds, "usage_lag")
+        with self._lock:
+            if new_max is not None:
+                self._max_value = new_max
+                self._value = new_max if new_value is None else new_value
+            elif new_value is not None:
+                self._value = new_value
+            if ext is not None:
+                self._external_usage = int(ext) if ext.is_integer() else ext
+            if lag is not None:
+                self._usage_lag = lag
+            return self._quota_settings()
+
+    def quota(self) -> dict[str, Any]:
+        """The quota settings and the quota resource as GET .../quotas/{id} shows it now."""
+        with self._lock:
+            return self._quota_settings()
+
+    def finish(
+        self, collection: str, job_id: str, state: str, message: str | None = None
+    ) -> dict[str, Any]:
+        """Force a job into a terminal state (KeyError if unknown, ValueError if bad state).
+
+        `collection` may also be a kind name (SFT, DPO, RFT).
+        """
+        if state not in FINISH_STATES:
+            raise ValueError(f"state must be one of {', '.join(sorted(FINISH_STATES))}")
+        if message is not None and not isinstance(message, str):
+            raise ValueError("message must be a string")
+        with self._lock:
+            job = self._find(collection, job_id)
+            now = self._now()
+            job.final_state = state
+            job.final_message = message
+            job.final_at = now
+            return self._resource(job, now)
+
+    def set_faults(
+        self,
+        *,
+        error_rate: float = 0.0,
+        statuses: Sequence[int] | None = None,
+        timeout_rate: float = 0.0,
+        latency_ms: int = 0,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        rules: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """Replace the fault settings and scripted rules (no arguments clears them all).
+        Returns the new settings."""
+        faults = Faults.build(
+            error_rate=error_rate,
+            statuses=statuses,
+            timeout_rate=timeout_rate,
+            latency_ms=latency_ms,
+            timeout_seconds=timeout_seconds,
+            rules=rules,
+        )
+        with self._lock:
+            self._faults = faults
+            return faults.as_json()
+
+    def faults(self) -> dict[str, Any]:
+        with self._lock:
+            return self._faults.as_json()
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every Fireworks-path request received so far, oldest first."""
+        with self._lock:
+            return copy.deepcopy(list(self._requests))
+
+    def clear_requests(self) -> None:
+        with self._lock:
+            self._requests.clear()
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job not deleted, as GET would show it, plus a "sim" object with its
+        collection, GPU count and whether it counts in quota usage now."""
+        with self._lock:
+            now = self._now()
+            result = []
+            for job in self._jobs.values():
+                resource = self._resource(job, now)
+                resource["sim"] = {
+                    "collection": job.collection,
+                    "kind": COLLECTIONS[job.collection][0],
+                    "gpuCount": job.gpus,
+                    "countsInUsage": resource["state"] not in TERMINAL_STATES
+                    and now - job.created >= self._usage_lag,
+                }
+                result.append(resource)
+            return result
+
+    def advance(self, seconds: float) -> float:
+        """Move simulated time forward (for demos and e2e runs against a real process)."""
+        step = number(seconds, "seconds")
+        with self._lock:
+            self._offset += step
+            return self._offset
+
+    def reset(self) -> None:
+        """Back to the constructor's state: no jobs, requests or faults, default quota."""
+        with self._lock:
+            self._reset_locked()
+        self._release_sleepers()

@@ -1,0 +1,145 @@
+"""The GPU budget against the simulator's usage (issue 19): a job the provider's usage already
+shows is not counted twice, and a job it does not show yet is never left out, with usage
+lagging and external usage moving between ticks."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import psycopg
+import pytest
+from sched_support import (
+    ACCOUNT,
+    RecordingSimulator,
+    create_user,
+    enqueue,
+    pid,
+    progress_ids,
+    state,
+)
+
+from sftq_server.db import Database
+from sftq_server.provider import FireworksClient, ProviderJob
+from sftq_server.scheduler import run_tick
+from sftq_server.settings import Settings
+
+Conn = psycopg.Connection[Any]
+
+
+def _ours(conn: Conn) -> int:
+    row = conn.execute("SELECT COALESCE(sum(gpu_count), 0) FROM sftq.jobs "
+                       "WHERE state = 'PROGRESS'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_no_lag_admits_what_the_contract_admits_at_the_next_tick(
+        conn: Conn, sim: RecordingSimulator, tick: Any) -> None:
+    sim.set_quota(max_value=8, usage_lag_seconds=0)
+    first = enqueue(conn, create_user(conn, "alice"))
+    result = tick()
+    assert result["admitted"] == [str(first)]
+    # The reading after the create already shows the job: it is not counted again.
+    assert result["usage_after"] == 4 and result["usage_counted_gpus"] == 4
+    second = enqueue(conn, create_user(conn, "bob"))
+    result = tick()
+    # usage 4 of 8: the contract admits a 4-GPU job, and so do we.
+    assert (result["quota"]["usage"], result["ours_recent"], result["budget"]) == (4, 0, 4)
+    assert result["admitted"] == [str(second)]
+    third = enqueue(conn, create_user(conn, "carol"))
+    result = tick()
+    assert result["budget"] == 0 and result["admitted"] == []
+    assert state(conn, third) == "QUEUED"
+
+
+def test_a_lagging_usage_keeps_our_new_jobs_counted(conn: Conn, sim: RecordingSimulator,
+                                                    tick: Any) -> None:
+    sim.set_quota(max_value=8, usage_lag_seconds=60)
+    first = enqueue(conn, create_user(conn, "alice"))
+    result = tick()
+    assert result["usage_after"] == 0 and result["usage_counted_gpus"] == 0
+    second = enqueue(conn, create_user(conn, "bob"))
+    third = enqueue(conn, create_user(conn, "carol"))
+    result = tick()
+    # usage says 0, but our first job holds 4: only one more fits.
+    assert (result["quota"]["usage"], result["ours_recent"], result["budget"]) == (0, 4, 4)
+    assert result["admitted"] == [str(second)]
+    sim.advance(61)  # the provider's usage shows both now
+    result = tick()
+    assert result["quota"]["usage"] == 8 and result["budget"] <= 0
+    assert state(conn, third) == "QUEUED" and _ours(conn) == 8
+    assert progress_ids(conn) == {first, second}
+
+
+class EndsOneOfOursDuringCreates(FireworksClient):
+    """Before its third create, one of our running jobs ends at the provider."""
+
+    def __init__(self, sim: RecordingSimulator, leaving: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sim, self.leaving, self.creates = sim, leaving, 0
+
+    def create_job(self, kind: str, job_id: str, payload: dict[str, Any], *,
+                   gpu_count: int | None = None) -> ProviderJob:
+        self.creates += 1
+        if self.creates == 3:
+            self.sim.finish("SFT", self.leaving, "JOB_STATE_COMPLETED")
+        return super().create_job(kind, job_id, payload, gpu_count=gpu_count)
+
+
+def test_several_creates_in_one_tick_are_credited_only_as_far_as_the_usage_rose(
+        conn: Conn, sim: RecordingSimulator, database: Database, settings: Settings,
+        tick: Any) -> None:
+    sim.set_quota(max_value=4, usage_lag_seconds=0)
+    leaving = enqueue(conn, create_user(conn, "early"), gpus=4)
+    tick()
+    sim.set_quota(max_value=16)
+    jobs = [enqueue(conn, create_user(conn, f"u{i}"), gpus=g) for i, g in enumerate((4, 2, 4))]
+    with EndsOneOfOursDuringCreates(sim, pid(leaving), base_url=settings.fireworks_base_url,
+                                    api_key=settings.fireworks_api_key,
+                                    account_id=ACCOUNT) as provider:
+        result = run_tick(database, provider, settings)
+    assert result["admitted"] == [str(j) for j in jobs]
+    # Between the two readings: +10 created, -4 ended, a rise of 6. Whole jobs, oldest
+    # first, up to the rise: the first two (4 + 2), not the third.
+    assert (result["quota"]["usage"], result["usage_after"]) == (4, 10)
+    assert result["usage_counted_gpus"] == 6
+    counted = dict(conn.execute("SELECT id, usage_counted_at IS NOT NULL FROM sftq.jobs "
+                                "WHERE id = ANY(%s)", (jobs,)).fetchall())
+    assert [counted[j] for j in jobs] == [True, True, False]
+    result = tick()  # the ended job is reconciled; the third job is still counted on top
+    assert result["ours_total"] == 10 and result["ours_recent"] == 4
+    assert result["budget"] == 16 - (10 + 4)
+
+
+@pytest.mark.parametrize("lag", [0.0, 60.0])
+def test_with_lag_and_external_usage_no_tick_ever_overspends(
+        conn: Conn, sim: RecordingSimulator, tick: Any, lag: float) -> None:
+    """Random arrivals, ends and external usage between ticks, the simulator's clock moving
+    10 to 40 s a tick: after every tick that admitted anything, our GPUs plus the external
+    ones stay within the quota. With no lag, the budget is the contract's own figure,
+    limit - usage (floored by our own jobs), at every tick."""
+    rng = random.Random(1900 + int(lag))
+    limit = 16
+    sim.set_quota(max_value=limit, usage_lag_seconds=lag)
+    users = [create_user(conn, f"u{i}") for i in range(8)]
+    admitted_total = 0
+    for step in range(40):
+        for _ in range(rng.randint(0, 3)):
+            enqueue(conn, rng.choice(users), gpus=rng.choice((1, 2, 4, 4, 8)))
+        for job_id in progress_ids(conn):
+            if rng.random() < 0.25:
+                sim.finish("SFT", pid(job_id), "JOB_STATE_COMPLETED")
+        external = rng.choice((0, 0, 2, 4, 6, 8))
+        sim.set_quota(external_usage=external)
+        sim.advance(rng.uniform(10, 40))
+        result = tick()
+        assert result["status"] == "ok", result
+        if result["admitted"]:
+            admitted_total += len(result["admitted"])
+            assert _ours(conn) + external <= limit, (step, external, result)
+        if lag == 0:
+            usage = result["quota"]["usage"]
+            assert result["ours_recent"] == 0, (step, result)
+            assert result["budget"] == limit - max(usage, result["ours_total"]), (step, result)
+    assert admitted_total >= 15  # the run did admit, so the checks above had work to do
