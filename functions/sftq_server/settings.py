@@ -22,6 +22,8 @@ def _int(name: str, default: int) -> int:
 
 def _bool(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def _queue_timeout(name: str) -> int | None:
     raw = os.environ.get(name)
     if not raw:
