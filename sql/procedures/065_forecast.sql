@@ -314,6 +314,7 @@ DECLARE
     v_budget     integer := p_budget;
     v_t          float8;
     v_steps      integer := 0;
+    v_steps0     integer;
     v_mine_n     integer;
     v_mine_left  integer;
     v_my_u       integer;
@@ -366,31 +367,35 @@ BEGIN
                usr.running_count, usr.max_running, usr.disabled_at IS NULL AS ok, d.head
           FROM (SELECT w.user_id, min(w.ix) AS head FROM w GROUP BY w.user_id) d
           JOIN sftq.users usr ON usr.id = d.user_id
-    ), med AS (
+    ), kc AS MATERIALIZED (
+        -- Run times by (kind, gpu_count): one median per kind and GPU class, looked up once.
+        SELECT kg.kind, kg.gpu_count, sftq.gpu_class(kg.gpu_count) AS c
+          FROM (SELECT DISTINCT w.kind, w.gpu_count FROM w) kg
+    ), med AS MATERIALIZED (
         SELECT c.kind, c.c, CASE WHEN m.samples > 0 THEN m.seconds END AS seconds
-          FROM (SELECT DISTINCT w.kind, sftq.gpu_class(w.gpu_count) AS c FROM w) c
+          FROM (SELECT DISTINCT kc.kind, kc.c FROM kc) c
          CROSS JOIN LATERAL sftq.median_run(c.kind, c.c, p_now) m
+    ), dur AS MATERIALIZED (
+        SELECT kc.kind, kc.gpu_count, med.seconds
+          FROM kc JOIN med ON med.kind = kc.kind AND med.c = kc.c
     ), wx AS (
         SELECT w.*, wu.uix,
                COALESCE(lead(w.ix) OVER (PARTITION BY w.user_id ORDER BY w.ix), 0) AS nxt,
-               COALESCE(p_fixed_run, med.seconds, sftq.default_run_seconds()) AS dur
+               COALESCE(p_fixed_run, dur.seconds, sftq.default_run_seconds()) AS dur
           FROM w
           JOIN wu ON wu.user_id = w.user_id
-          JOIN med ON med.kind = w.kind AND med.c = sftq.gpu_class(w.gpu_count)
+          JOIN dur ON dur.kind = w.kind AND dur.gpu_count = w.gpu_count
     )
-    SELECT (SELECT array_agg(wx.id ORDER BY wx.ix) FROM wx),
-           (SELECT array_agg(wx.uix ORDER BY wx.ix) FROM wx),
-           (SELECT array_agg(wx.gpu_count ORDER BY wx.ix) FROM wx),
-           (SELECT array_agg(wx.dur ORDER BY wx.ix) FROM wx),
-           (SELECT array_agg(wx.nxt ORDER BY wx.ix) FROM wx),
-           (SELECT array_agg(wx.ix ORDER BY wx.ix) FROM wx WHERE wx.user_id = p_user_id),
-           (SELECT array_agg(wu.user_id ORDER BY wu.uix) FROM wu),
-           (SELECT array_agg(wu.running_count ORDER BY wu.uix) FROM wu),
-           (SELECT array_agg(wu.max_running ORDER BY wu.uix) FROM wu),
-           (SELECT array_agg(wu.ok ORDER BY wu.uix) FROM wu),
-           (SELECT array_agg(wu.head ORDER BY wu.uix) FROM wu),
-           (SELECT array_agg(wu.head ORDER BY wu.head) FROM wu
-             WHERE wu.ok AND wu.running_count < wu.max_running)
+    -- Each aggregate reads a subquery sorted once (an aggregate fed by a sorted subquery
+    -- keeps that order), instead of sorting again per array.
+    SELECT a.*, b.*, (SELECT array_agg(wu.head ORDER BY wu.head) FROM wu
+                       WHERE wu.ok AND wu.running_count < wu.max_running)
+      FROM (SELECT array_agg(x.id), array_agg(x.uix), array_agg(x.gpu_count), array_agg(x.dur),
+                   array_agg(x.nxt), array_agg(x.ix) FILTER (WHERE x.user_id = p_user_id)
+              FROM (SELECT * FROM wx ORDER BY wx.ix) x) a,
+           (SELECT array_agg(y.user_id), array_agg(y.running_count), array_agg(y.max_running),
+                   array_agg(y.ok), array_agg(y.head)
+              FROM (SELECT * FROM wu ORDER BY wu.uix) y) b
       INTO w_id, w_u, w_g, w_d, w_next, w_mine, u_ids, u_run, u_cap, u_ok, u_head, e;
     v_n := COALESCE(cardinality(w_id), 0);
     ne := COALESCE(cardinality(e), 0);
@@ -411,23 +416,29 @@ BEGIN
         SELECT j.id, j.user_id, j.gpu_count, j.kind, j.started_at, j.submitted_at,
                row_number() OVER (ORDER BY j.id)::int AS ref
           FROM sftq.jobs j WHERE j.state = 'PROGRESS'
-    ), med AS (
+    ), kc AS MATERIALIZED (
+        SELECT kg.kind, kg.gpu_count, sftq.gpu_class(kg.gpu_count) AS c
+          FROM (SELECT DISTINCT rj.kind, rj.gpu_count FROM rj) kg
+    ), med AS MATERIALIZED (
         SELECT c.kind, c.c, m.seconds, m.samples
-          FROM (SELECT DISTINCT rj.kind, sftq.gpu_class(rj.gpu_count) AS c FROM rj) c
+          FROM (SELECT DISTINCT kc.kind, kc.c FROM kc) c
          CROSS JOIN LATERAL sftq.median_run(c.kind, c.c, p_now) m
+    ), dur AS MATERIALIZED (
+        SELECT kc.kind, kc.gpu_count, med.seconds, med.samples
+          FROM kc JOIN med ON med.kind = kc.kind AND med.c = kc.c
     ), ends AS (
         SELECT rj.ref, rj.gpu_count, COALESCE(array_position(u_ids, rj.user_id), 0) AS uix,
                (GREATEST(round(extract(epoch FROM f.finish_at - p_now) * 1000), 0)::bigint << 20)
                    + rj.ref AS key
           FROM rj
-          JOIN med ON med.kind = rj.kind AND med.c = sftq.gpu_class(rj.gpu_count)
+          JOIN dur med ON med.kind = rj.kind AND med.gpu_count = rj.gpu_count
          CROSS JOIN LATERAL sftq.finish_estimate(rj.id, rj.kind, rj.gpu_count, rj.started_at,
                                                  rj.submitted_at, p_now, med.seconds,
                                                  med.samples, p_fixed_run) f
     )
-    SELECT (SELECT array_agg(ends.key ORDER BY ends.key) FROM ends),
-           (SELECT array_agg(ends.uix ORDER BY ends.ref) FROM ends),
-           (SELECT array_agg(ends.gpu_count ORDER BY ends.ref) FROM ends)
+    SELECT array_agg(ends.key ORDER BY ends.key), array_agg(ends.uix ORDER BY ends.ref),
+           array_agg(ends.gpu_count ORDER BY ends.ref)
+      FROM ends
       INTO r, a_u, a_g;
     rn := COALESCE(cardinality(r), 0);
     a_n := rn;
@@ -506,11 +517,19 @@ BEGIN
             ne := ne - ep + 2;
             ep := 1;
         END LOOP;
+        IF v_steps0 IS NULL THEN
+            v_steps0 := v_steps;  -- what the first walk admits at once: not a rate
+        END IF;
         IF v_mine_left <= 0 AND v_mine_n = cardinality(p_jobs) THEN v_stop := 'done'; EXIT; END IF;
         IF v_steps >= p_max_steps THEN v_stop := 'steps'; EXIT; END IF;
         IF NOT v_blocked AND v_truncated AND ep > ne THEN
             -- The next head lies beyond the window: what it needs is not known here.
             v_stop := 'horizon'; EXIT;
+        END IF;
+        IF cardinality(v_defer) > 0 THEN
+            -- A user admitted below its cap offers its next job at the very next tick.
+            v_t := v_t + v_tick;
+            CONTINUE;
         END IF;
         IF rp > rn THEN
             v_stop := CASE WHEN v_blocked THEN 'stuck' ELSE 'idle' END;
@@ -523,17 +542,22 @@ BEGIN
     -- The answers, in the caller's FIFO order. Jobs the simulation placed start when it
     -- says. Later ones are extrapolated at the rate it admitted jobs, and not before the
     -- caller's own job `cap` places earlier ends (the cap admits them one by one).
-    v_rate := CASE WHEN v_steps > 0 AND v_t > 0 THEN v_steps / v_t END;
+    -- The rate: admissions after the first walk over the time they took (the first walk
+    -- admits a batch at once, which says nothing about how fast the queue moves).
+    v_rate := CASE WHEN v_steps > v_steps0 AND v_t > v_first
+                   THEN (v_steps - v_steps0) / (v_t - v_first) END;
     v_est := array_fill(NULL::float8, ARRAY[cardinality(p_jobs)]);
     IF v_stop IN ('steps', 'horizon') AND v_rate IS NOT NULL THEN
+        WITH kg AS MATERIALIZED (
+            SELECT DISTINCT y.kind, y.g FROM unnest(p_kinds, p_gpus) AS y(kind, g)
+        ), md AS MATERIALIZED (
+            SELECT kg.kind, kg.g, CASE WHEN m.samples > 0 THEN m.seconds END AS seconds
+              FROM kg CROSS JOIN LATERAL sftq.median_run(kg.kind, sftq.gpu_class(kg.g), p_now) m
+        )
         SELECT array_agg(COALESCE(p_fixed_run, md.seconds, sftq.default_run_seconds()) ORDER BY t.ord)
           INTO m_d
           FROM unnest(p_kinds, p_gpus) WITH ORDINALITY AS t(kind, g, ord)
-          JOIN (SELECT c.kind, c.c, CASE WHEN m.samples > 0 THEN m.seconds END AS seconds
-                  FROM (SELECT DISTINCT y.kind, sftq.gpu_class(y.g) AS c
-                          FROM unnest(p_kinds, p_gpus) AS y(kind, g)) c
-                 CROSS JOIN LATERAL sftq.median_run(c.kind, c.c, p_now) m) md
-            ON md.kind = t.kind AND md.c = sftq.gpu_class(t.g);
+          JOIN md ON md.kind = t.kind AND md.g = t.g;
     END IF;
     v_note := CASE WHEN p_fixed_run IS NOT NULL
                    THEN format('fixed run time of %s per job', sftq._human_seconds(p_fixed_run::numeric))
