@@ -27,7 +27,10 @@ AS $$
         SELECT COALESCE(p_detail, '{}'::jsonb) AS j,
                CASE WHEN p_actor LIKE 'user:%' THEN 'at your request'
                     WHEN p_actor = 'admin' THEN 'by an administrator'
-                    ELSE 'by the scheduler' END AS by_whom
+                    ELSE 'by the scheduler' END AS by_whom,
+               CASE WHEN p_actor LIKE 'user:%' THEN 'You'
+                    WHEN p_actor = 'admin' THEN 'An administrator'
+                    ELSE 'The scheduler' END AS who
     ), x AS (
         SELECT d.*,
                sftq._provider_state_label(COALESCE(d.j ->> 'provider_state', d.j ->> 'to')) AS ps,
@@ -70,8 +73,8 @@ AS $$
                           CASE WHEN x.epoch IS NOT NULL THEN format('epoch %s', x.epoch) END) || '.' END
         WHEN 'cancel_requested' THEN
             CASE WHEN (x.j ->> 'submitted')::boolean IS FALSE THEN
-                     format('Cancel requested %s before the provider job was created; the scheduler finishes it at its next tick.', x.by_whom)
-                 ELSE format('Cancel requested %s; the provider job is being stopped.', x.by_whom) END
+                     format('%s asked to cancel it before the provider job was created; the scheduler finishes the cancel at its next tick.', x.who)
+                 ELSE format('%s asked to cancel it; the provider job is being stopped.', x.who) END
         WHEN 'cancelled' THEN
             CASE WHEN p_from = 'QUEUED' AND x.reason IS NULL THEN format('Cancelled while queued, %s.', x.by_whom)
                  WHEN x.reason IN ('reconciled', 'external', 'deleted_outside', 'not_found', 'provider_deleted',
@@ -81,7 +84,9 @@ AS $$
                  WHEN x.reason = 'queue_timeout' THEN
                      'Cancelled: it waited longer than its queue timeout without being admitted.'
                  WHEN x.reason IS NOT NULL THEN format('Cancelled (%s).', replace(x.reason, '_', ' '))
-                 ELSE format('Cancelled %s: the provider job was stopped.', x.by_whom) END
+                 WHEN p_actor LIKE 'user:%' OR p_actor = 'admin' THEN
+                     format('Cancelled %s: the provider job was stopped.', x.by_whom)
+                 ELSE 'Cancelled: the provider confirmed that its job stopped.' END
         WHEN 'reconciled' THEN
             format('Cancelled: the provider job was deleted or cancelled outside the queue (the provider reported %s).',
                    COALESCE(x.ps, 'it gone'))

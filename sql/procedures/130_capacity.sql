@@ -40,7 +40,8 @@ AS $$
         'quota', json_build_object('id', COALESCE(st.quota_name, p_quota_id),
                                    'limit', st.quota_limit, 'usage', st.quota_usage,
                                    'read_at', sftq._iso(st.quota_read_at)),
-        'free_gpus', GREATEST(st.free_gpus, 0),
+        -- GREATEST would turn a missing reading (NULL) into 0.
+        'free_gpus', CASE WHEN st.free_gpus IS NOT NULL THEN GREATEST(st.free_gpus, 0) END,
         'running', (SELECT json_build_object('jobs', COALESCE(sum(p.running_jobs), 0),
                                              'gpus', COALESCE(sum(p.running_gpus), 0))
                       FROM per_user p),

@@ -11,6 +11,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+
 from .conftest import Q, t
 
 TICK = timedelta(seconds=30)
@@ -270,7 +271,8 @@ def test_beyond_the_simulated_window_estimates_are_extrapolated(q: Q) -> None:
     mine = q.user("me")
     for i in range(12):
         q.enqueue(users[i % 6], gpus=4, at=t(i))
-    late = [q.enqueue(mine, gpus=4, at=t(20 + i)) for i in range(2)]
+    for i in range(2):
+        q.enqueue(mine, gpus=4, at=t(20 + i))
     tick(q, t(25), limit=8)
 
     def forecast(window: int, steps: int) -> list[tuple[Any, ...]]:
