@@ -31,6 +31,11 @@ from .models import (
     STATES,
     TERMINAL_STATES,
     CancelResult,
+    Capacity,
+    CapacityUser,
+    Estimate,
+    Event,
+    EventPage,
     Job,
     JobAnalytics,
     JobPage,
@@ -43,6 +48,7 @@ from .models import (
     SubmitResult,
     Summary,
     Timeline,
+    WaitingReason,
 )
 
 __all__ = [
@@ -55,9 +61,14 @@ __all__ = [
     "AsyncClient",
     "BadRequest",
     "CancelResult",
+    "Capacity",
+    "CapacityUser",
     "Client",
     "ConfigurationError",
     "Conflict",
+    "Estimate",
+    "Event",
+    "EventPage",
     "Job",
     "JobAnalytics",
     "JobPage",
@@ -79,5 +90,6 @@ __all__ = [
     "Timeout",
     "Unauthorized",
     "WaitTimeout",
+    "WaitingReason",
     "__version__",
 ]

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from itertools import islice
 from typing import Any, Final, TextIO
 
-from ..models import KINDS, STATES, CancelResult, Job
+from ..errors import SftqError
+from ..models import KINDS, STATES, CancelResult, Job, JobAnalytics
 from ._common import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     CommandFactory,
     Context,
@@ -67,27 +71,79 @@ def _read_payload(path: str, kind: str) -> dict[str, Any]:
     return data
 
 
-class _Progress:
-    """wait()'s on_progress: one rewritten status line on a terminal, else a line per change."""
+# On a terminal, wait's line is refreshed at least this often (seconds).
+LIVE_REFRESH = 5.0
 
-    def __init__(self, stream: TextIO, tty: bool) -> None:
+
+class _Progress:
+    """wait()'s on_progress: one live status line on a terminal, else a line per change.
+
+    The live line says what a person wants while waiting: the state; while QUEUED how many
+    jobs are ahead, when it should start and why it waits; while PROGRESS the provider's
+    sub-state, progress and when it should end. Those come from the job's analytics, read at
+    each refresh; without them (an older server) the line shows the state alone.
+    """
+
+    def __init__(
+        self,
+        stream: TextIO,
+        tty: bool,
+        analytics: Callable[[str], JobAnalytics] | None = None,
+    ) -> None:
         self._stream = stream
         self._tty = tty
+        self._analytics = analytics
         self._started = time.monotonic()
-        self._last_state: str | None = None
+        self.last_state: str | None = None
         self._dirty = False
 
     def __call__(self, job: Job) -> None:
         if self._tty:
-            elapsed = fmt_duration(time.monotonic() - self._started)
-            self._stream.write(f"\r\x1b[K{job.id}  {job.state}  (waiting {elapsed})")
+            width = max(40, _terminal_width()) - 1
+            line = self.live_line(job)
+            if len(line) > width:
+                line = line[: width - 3] + "..."
+            self._stream.write(f"\r\x1b[K{line}")
             self._stream.flush()
             self._dirty = True
-        elif job.state != self._last_state:
+        elif job.state != self.last_state:
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             self._stream.write(f"{now} {job.id} {job.state}\n")
             self._stream.flush()
-        self._last_state = job.state
+        self.last_state = job.state
+
+    def live_line(self, job: Job) -> str:
+        parts = [job.id, job.state]
+        info = self._read_analytics(job)
+        if info is None or info.state != job.state:
+            waited = fmt_duration(time.monotonic() - self._started)
+            return "  ".join([*parts, f"(waiting {waited})"])
+        now = datetime.now(UTC)
+        if job.state == "QUEUED":
+            if info.queue_position is not None:
+                parts.append(f"{info.queue_position} ahead")
+            parts.append(_when("starts", info.estimated_start_at, now))
+            if info.waiting_reason is not None:
+                parts.append(info.waiting_reason.message)
+        elif job.state == "PROGRESS":
+            sub = (info.provider_state or "").removeprefix("JOB_STATE_")
+            if info.progress is not None and info.progress.percent is not None:
+                sub += f" {info.progress.percent:g}%"
+                if info.progress.epoch is not None:
+                    sub += f" epoch {info.progress.epoch}"
+            if sub.strip():
+                parts.append(sub.strip())
+            parts.append(_when("ends", info.estimated_finish_at, now))
+        return "  ".join(parts)
+
+    def _read_analytics(self, job: Job) -> JobAnalytics | None:
+        if self._analytics is None or job.is_terminal:
+            return None
+        try:
+            return self._analytics(job.id)
+        except SftqError:
+            # The line is a nicety: a failed read must not end the wait.
+            return None
 
     def close(self) -> None:
         if self._dirty:
@@ -96,18 +152,54 @@ class _Progress:
             self._dirty = False
 
 
+def _terminal_width() -> int:
+    return shutil.get_terminal_size((100, 24)).columns
+
+
+def _when(verb: str, at: datetime | None, now: datetime) -> str:
+    if at is None:
+        return f"no estimate of when it {verb}"
+    clock = at.astimezone(UTC).strftime("%H:%MZ")
+    ahead = (at - now).total_seconds()
+    rel = f"in {_coarse(ahead)}" if ahead >= 1 else "any moment"
+    return f"{verb} ~{clock} ({rel}, estimate)"
+
+
+def _coarse(seconds: float) -> str:
+    """A duration as precise as an estimate deserves: 40s, 25m, 3h05m, 2d04h."""
+    total = int(round(seconds))
+    if total < 60:
+        return f"{total}s"
+    minutes = total // 60
+    if minutes < 60:
+        return f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
 def _wait_and_report(
     ctx: Context, job_id: str, *, interval: float, timeout: float | None, as_json: bool
 ) -> int:
-    progress = _Progress(sys.stderr, ctx.stderr_tty)
+    tty = ctx.stderr_tty
+    progress = _Progress(sys.stderr, tty, ctx.client.job_analytics if tty else None)
+    poll = min(interval, LIVE_REFRESH) if tty else interval
     try:
         job = ctx.client.wait(
             job_id,
-            poll_interval=interval,
-            max_interval=max(60.0, interval),
+            poll_interval=poll,
+            max_interval=LIVE_REFRESH if tty else max(60.0, interval),
             timeout=timeout,
             on_progress=progress,
         )
+    except KeyboardInterrupt:
+        progress.close()
+        state = progress.last_state or "as it was"
+        err(f"stopped waiting; job {job_id} is unaffected (still {state}). "
+            f"Resume with: sftq wait {job_id}   (cancel it with: sftq cancel {job_id})")
+        return EXIT_INTERRUPTED
     finally:
         progress.close()
     print_job(job, as_json)
@@ -137,6 +229,9 @@ def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_OK
 
 
+# What a plain `sftq list` shows: the newest jobs, with a note when more exist.
+LIST_PAGE: Final = 100
+
 _JOB_COLUMNS: Final = ("ID", "KIND", "STATE", "GPUS", "CREATED", "STARTED", "COMPLETED", "NAME")
 
 
@@ -156,12 +251,13 @@ def _job_row(job: Job) -> list[object]:
 def _cmd_list(args: argparse.Namespace, ctx: Context) -> int:
     more = False
     if args.all or args.limit is not None:
-        # Only --all and --limit page: a plain `sftq list` is one request, like the contract's curl.
         page_size = 500 if args.limit is None else min(args.limit, 1000)
         jobs_iter = ctx.client.iter_jobs(state=args.state, kind=args.kind, page_size=page_size)
         jobs = list(jobs_iter if args.limit is None else islice(jobs_iter, args.limit))
     else:
-        page = ctx.client.list_jobs(state=args.state, kind=args.kind)
+        # A plain `sftq list` is one page of the newest jobs: GET /jobs without a limit would
+        # answer every job, which is more than a table on a terminal wants.
+        page = ctx.client.list_jobs(state=args.state, kind=args.kind, limit=LIST_PAGE)
         jobs, more = page.items, page.has_more
     if args.json:
         print_json(jobs)
