@@ -25,7 +25,7 @@ from common import BENCH, Bench, background_cores, machine_info, write_json  # n
 # Above this much CPU used by other processes, the run says its figures are disturbed.
 QUIET_CORES = 0.25
 
-SECTIONS = ("enqueue", "admission", "analytics", "tick", "footprint", "profile")
+SECTIONS = ("enqueue", "admission", "analytics", "tick", "footprint", "profile", "visibility")
 
 
 def _module(name: str) -> Any:
