@@ -10,6 +10,7 @@ with Client() as sftq:  # SFTQ_API_KEY and SFTQ_API_URL / SUPABASE_URL from the 
 from __future__ import annotations
 
 from ._client import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, AsyncClient, Client
+from ._stream import StreamUnavailable
 from ._version import __version__
 from .errors import (
     APIConnectionError,
@@ -33,6 +34,7 @@ from .models import (
     CancelResult,
     Capacity,
     CapacityUser,
+    EndEvent,
     Estimate,
     Event,
     EventPage,
@@ -40,11 +42,16 @@ from .models import (
     JobAnalytics,
     JobPage,
     Kind,
+    Progress,
+    ProgressEvent,
     ProgressJob,
     QueueContext,
     QueuedJob,
+    QueueEvent,
     RecentFailure,
     State,
+    StatusEvent,
+    StreamEvent,
     SubmitResult,
     Summary,
     Timeline,
@@ -66,6 +73,7 @@ __all__ = [
     "Client",
     "ConfigurationError",
     "Conflict",
+    "EndEvent",
     "Estimate",
     "Event",
     "EventPage",
@@ -75,8 +83,11 @@ __all__ = [
     "Kind",
     "NotFound",
     "PayloadTooLarge",
+    "Progress",
+    "ProgressEvent",
     "ProgressJob",
     "QueueContext",
+    "QueueEvent",
     "QueuedJob",
     "RateLimited",
     "RecentFailure",
@@ -84,6 +95,9 @@ __all__ = [
     "ServiceUnavailable",
     "SftqError",
     "State",
+    "StatusEvent",
+    "StreamEvent",
+    "StreamUnavailable",
     "SubmitResult",
     "Summary",
     "Timeline",

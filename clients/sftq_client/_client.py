@@ -53,6 +53,7 @@ from .models import (
     Kind,
     QueueContext,
     State,
+    StreamEvent,
     SubmitResult,
     Summary,
 )
@@ -608,6 +609,19 @@ class Client:
                 return job
             _sync_sleep(delay)
 
+    def stream(
+        self, job_id: str | None = None, *, last_event_id: str | None = None
+    ) -> Iterator[StreamEvent]:
+        """Live events of one job (until its :class:`EndEvent`) or of all your jobs (endless).
+
+        Reconnects by itself with ``Last-Event-ID`` after a drop or the server's ``reconnect``,
+        so no event is missed or seen twice. Raises :class:`StreamUnavailable` when the server
+        does not stream (then poll with :meth:`get` / :meth:`wait`).
+        """
+        from ._stream import iter_stream
+
+        return iter_stream(self, job_id, last_event_id)
+
     def queue_context(self) -> QueueContext:
         return self._send(self._core.queue_context())
 
@@ -776,6 +790,14 @@ class AsyncClient:
             if delay is None:
                 return job
             await _async_sleep(delay)
+
+    def stream(
+        self, job_id: str | None = None, *, last_event_id: str | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """As :meth:`Client.stream`, for ``async for``."""
+        from ._stream import aiter_stream
+
+        return aiter_stream(self, job_id, last_event_id)
 
     async def queue_context(self) -> QueueContext:
         return await self._send(self._core.queue_context())

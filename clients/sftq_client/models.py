@@ -19,6 +19,7 @@ __all__ = [
     "CancelResult",
     "Capacity",
     "CapacityUser",
+    "EndEvent",
     "Estimate",
     "Event",
     "EventPage",
@@ -26,11 +27,16 @@ __all__ = [
     "JobAnalytics",
     "JobPage",
     "Kind",
+    "Progress",
+    "ProgressEvent",
     "ProgressJob",
     "QueueContext",
+    "QueueEvent",
     "QueuedJob",
     "RecentFailure",
     "State",
+    "StatusEvent",
+    "StreamEvent",
     "SubmitResult",
     "Summary",
     "Timeline",
@@ -118,7 +124,7 @@ class WaitingReason(_Model):
     scheduler_stalled, or codes a newer server adds) and ``message`` for people."""
 
     code: str
-    message: str
+    message: str | None = None
 
 
 class Estimate(_Model):
@@ -193,6 +199,8 @@ class Timeline(_Model):
 
 
 class Progress(_Model):
+    """How far a running job is, as the provider last reported it."""
+
     percent: float | None = None
     epoch: int | None = None
 
@@ -288,3 +296,50 @@ class Capacity(_Model):
     queued: JobsAndGpus
     users: list[CapacityUser] = []
     scheduler: SchedulerHealth
+
+
+# ---- the live stream (GET /jobs/{id}/stream, GET /jobs/stream) ----------------------------------
+
+
+# Progress and WaitingReason (above) are shared with GET /jobs/{id}/analytics.
+
+
+class StatusEvent(_Model):
+    """``event: status``: the job record right after a change of state (or on connect)."""
+
+    type: Literal["status"] = "status"
+    id: str
+    job: Job
+
+
+class ProgressEvent(_Model):
+    """``event: progress``: the provider's sub-state or progress of a running job changed."""
+
+    type: Literal["progress"] = "progress"
+    id: str
+    job_id: str
+    provider_state: str | None = None
+    progress: Progress | None = None
+    estimated_finish_at: datetime | None = None
+
+
+class QueueEvent(_Model):
+    """``event: queue``: a tick changed a queued job's position, waiting reason or estimate."""
+
+    type: Literal["queue"] = "queue"
+    id: str
+    job_id: str
+    queue_position: int | None = None
+    waiting_reason: WaitingReason | None = None
+    estimated_start_at: datetime | None = None
+
+
+class EndEvent(_Model):
+    """``event: end``: the job reached a terminal state; the stream is over."""
+
+    type: Literal["end"] = "end"
+    id: str
+    job_id: str | None = None
+
+
+StreamEvent = StatusEvent | ProgressEvent | QueueEvent | EndEvent

@@ -35,6 +35,7 @@ from .models import (
     SubmitRequest,
 )
 from .settings import Settings
+from .stream_paths import stream_unavailable
 from .web import JSON_HEADERS, App, Request, Response, Router
 
 logger = logging.getLogger("sftq.api")
@@ -425,6 +426,10 @@ def make_jobs_api(settings: Settings, *, db: dbmod.Database | None = None,
     router.add("GET", "/jobs/{id}/analytics", api.job_analytics)
     router.add("GET", "/health", api.health)
     router.add("GET", "/openapi.json", api.openapi)
+    # The live stream is served by an async server (functions/jobs_stream.py, the gateway);
+    # here the two paths answer 501 so that clients poll instead.
+    router.add("GET", "/jobs/stream", stream_unavailable)
+    router.add("GET", "/jobs/{id}/stream", stream_unavailable)
     # Visibility (history and capacity): handlers in modules of their own.
     from .api_capacity import CapacityApi
     from .api_events import EventsApi

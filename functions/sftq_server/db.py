@@ -39,6 +39,24 @@ API_JOB_ANALYTICS = "SELECT sftq.api_job_analytics(%s, %s)::text"
 # The database answers (health probe).
 API_HEALTH = "SELECT sftq.api_health()::text"
 
+# --- the live stream (stream.py): one open per stream, one poll per instance ------
+# Authenticate, check the job, validate Last-Event-ID, register the watcher; a meta row, then
+# the snapshot or the first page after Last-Event-ID.
+STREAM_OPEN = (
+    "SELECT frame, id, txid, job_id, user_id, state, data "
+    "FROM sftq.api_stream_open(%s, %s, %s, %s, %s::xid8, %s, %s)"
+)
+# The next page of a stream's backlog (for a user this instance registered).
+STREAM_BACKLOG = (
+    "SELECT frame, id, txid, job_id, user_id, state, data "
+    "FROM sftq.stream_backlog(%s, %s, %s, %s::xid8, %s, %s::xid8, %s)"
+)
+# The instance's poll: new frames of its watched users; with key hashes, refresh the watchers.
+STREAM_POLL = (
+    "SELECT frame, id, txid, job_id, user_id, state, data "
+    "FROM sftq.stream_poll(%s, %s::xid8, %s, %s, %s, %s)"
+)
+
 # --- visibility: history, waiting reasons, estimates, capacity ------------------------
 # Authenticate + the queue context with waiting reasons and estimates (tick interval and
 # usage grace in seconds, from the settings).

@@ -1,6 +1,8 @@
 """All three functions behind one port, at the paths Supabase gives them:
 
-    /functions/v1/jobs-api/...        jobs-api (sftq_server.api.make_jobs_api)
+    /functions/v1/jobs-api/...        jobs-api (sftq_server.api.make_jobs_api); its two stream
+                                      paths (/jobs/stream, /jobs/{id}/stream) live, from
+                                      sftq_server.stream (one poll for all open streams)
     /functions/v1/analytics/...       analytics (sftq_server.api.make_analytics_api)
     /functions/v1/scheduler-tick      the scheduler tick (sftq_server.tick_http.make_tick_app)
 
@@ -27,6 +29,7 @@ from typing import Any
 
 from .api import ProviderFactory, make_analytics_api, make_jobs_api
 from .settings import Settings
+from .stream_paths import parse_stream_path
 from .web import StartResponse, WSGIApp, simple_app, wsgi_app
 
 logger = logging.getLogger("sftq.gateway")
@@ -47,8 +50,11 @@ class Gateway:
         self._analytics = make_analytics_api(settings)
         self._tick: WSGIApp | None = None
         self._tick_lock = threading.Lock()
+        self._jobs_wsgi = wsgi_app(self._jobs)
+        self._streams: Any = None
+        self._streams_lock = threading.Lock()
         self._mounts: tuple[tuple[str, WSGIApp], ...] = (
-            (JOBS_PREFIX, wsgi_app(self._jobs)),
+            (JOBS_PREFIX, self._jobs_app),
             (ANALYTICS_PREFIX, wsgi_app(self._analytics)),
             (TICK_PREFIX, self._tick_app),
         )
@@ -64,6 +70,24 @@ class Gateway:
                     environ["PATH_INFO"] = rest
                     return app(environ, start_response)
         return self._not_found(environ, start_response)
+
+    def _jobs_app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") in ("GET", "HEAD") and parse_stream_path(
+                environ.get("PATH_INFO", "") or "") is not False:
+            body: Iterable[bytes] = self._stream_app()(environ, start_response)
+            return body
+        return self._jobs_wsgi(environ, start_response)
+
+    def _stream_app(self) -> Any:
+        # Built on the first stream: its event loop thread and hub cost nothing until then.
+        if self._streams is None:
+            with self._streams_lock:
+                if self._streams is None:
+                    from .stream import WsgiStreams, make_hub
+
+                    db = self._jobs.api.db
+                    self._streams = WsgiStreams(lambda: make_hub(self.settings, db=db))
+        return self._streams
 
     def _tick_app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if self._tick is None:
@@ -89,7 +113,9 @@ class Gateway:
         return app
 
     def close(self) -> None:
-        """Close the pools and the provider client (the process is going away)."""
+        """Close the streams, the pools and the provider client (the process is going away)."""
+        if self._streams is not None:
+            self._streams.close()
         self._jobs.close()
         self._analytics.close()
         close = getattr(self._tick, "close", None)
@@ -102,8 +128,13 @@ def make_gateway(settings: Settings, *, provider_factory: ProviderFactory | None
 
 
 def create_app() -> Gateway:
-    """For WSGI servers: `gunicorn 'sftq_server.gateway:create_app()'` (settings from the env)."""
-    return make_gateway(Settings.from_env())
+    """For WSGI servers: `gunicorn 'sftq_server.gateway:create_app()'` (settings from the env).
+    Refuses to start (TickSecretError) with a tick secret too short to guard the tick."""
+    from .tick_http import require_tick_secret
+
+    settings = Settings.from_env()
+    require_tick_secret(settings)
+    return make_gateway(settings)
 
 
 _SERVER_ERROR_CODES = {

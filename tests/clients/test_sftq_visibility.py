@@ -15,7 +15,7 @@ import pytest
 from fake_jobs_api import API_KEY, BASE_URL, FakeClock, FakeJobsApi, iso
 
 from sftq_client import AsyncClient, Client, Job, NotFound, cli
-from sftq_client.cli import jobs as cli_jobs
+from sftq_client.cli import live as cli_live
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -150,7 +150,7 @@ def test_capacity_text_and_json(sftq: Run) -> None:
 @pytest.fixture
 def tty(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "_stderr_is_tty", lambda: True)
-    monkeypatch.setattr(cli_jobs, "_terminal_width", lambda: 250)
+    monkeypatch.setattr(cli_live, "terminal_width", lambda: 250)
 
 
 def test_wait_live_line_shows_reason_position_estimate_then_progress(
@@ -232,10 +232,12 @@ def test_ctrl_c_during_wait_says_the_job_is_unaffected(
 
 
 def test_live_line_fits_the_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli_jobs, "_terminal_width", lambda: 50)
+    monkeypatch.setattr(cli_live, "terminal_width", lambda: 50)
     stream = io.StringIO()
     job = Job.model_validate({"id": "x" * 36, "kind": "SFT", "state": "QUEUED", "gpu_count": 4,
                               "created_at": iso(datetime.now(UTC))})
-    cli_jobs._Progress(stream, True)(job)
-    line = stream.getvalue().removeprefix("\r\x1b[K")
+    status = cli_live.LiveStatus(stream, None)
+    status(job)
+    status.close()
+    line = stream.getvalue().removeprefix("\r\x1b[K").rstrip("\n")
     assert len(line) <= 49 and line.endswith("...")

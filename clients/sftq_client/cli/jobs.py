@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from itertools import islice
-from typing import Any, Final, TextIO
+from typing import Any, Final
 
-from ..errors import SftqError
-from ..models import KINDS, STATES, CancelResult, Job, JobAnalytics
+from .._stream import StreamUnavailable, wait_streaming
+from ..models import KINDS, STATES, CancelResult, Job
 from ._common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -24,7 +21,6 @@ from ._common import (
     add_wait_options,
     err,
     exit_for_job,
-    fmt_duration,
     fmt_time,
     out,
     positive_int,
@@ -33,6 +29,9 @@ from ._common import (
     table,
     upper_choice,
 )
+from .live import REFRESH as LIVE_REFRESH
+from .live import LiveStatus
+from .watch import LiveLine
 
 
 def _read_payload(path: str, kind: str) -> dict[str, Any]:
@@ -71,137 +70,52 @@ def _read_payload(path: str, kind: str) -> dict[str, Any]:
     return data
 
 
-# On a terminal, wait's line is refreshed at least this often (seconds).
-LIVE_REFRESH = 5.0
-
-
-class _Progress:
-    """wait()'s on_progress: one live status line on a terminal, else a line per change.
-
-    The live line says what a person wants while waiting: the state; while QUEUED how many
-    jobs are ahead, when it should start and why it waits; while PROGRESS the provider's
-    sub-state, progress and when it should end. Those come from the job's analytics, read at
-    each refresh; without them (an older server) the line shows the state alone.
-    """
-
-    def __init__(
-        self,
-        stream: TextIO,
-        tty: bool,
-        analytics: Callable[[str], JobAnalytics] | None = None,
-    ) -> None:
-        self._stream = stream
-        self._tty = tty
-        self._analytics = analytics
-        self._started = time.monotonic()
-        self.last_state: str | None = None
-        self._dirty = False
-
-    def __call__(self, job: Job) -> None:
-        if self._tty:
-            width = max(40, _terminal_width()) - 1
-            line = self.live_line(job)
-            if len(line) > width:
-                line = line[: width - 3] + "..."
-            self._stream.write(f"\r\x1b[K{line}")
-            self._stream.flush()
-            self._dirty = True
-        elif job.state != self.last_state:
-            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            self._stream.write(f"{now} {job.id} {job.state}\n")
-            self._stream.flush()
-        self.last_state = job.state
-
-    def live_line(self, job: Job) -> str:
-        parts = [job.id, job.state]
-        info = self._read_analytics(job)
-        if info is None or info.state != job.state:
-            waited = fmt_duration(time.monotonic() - self._started)
-            return "  ".join([*parts, f"(waiting {waited})"])
-        now = datetime.now(UTC)
-        if job.state == "QUEUED":
-            if info.queue_position is not None:
-                parts.append(f"{info.queue_position} ahead")
-            parts.append(_when("starts", info.estimated_start_at, now))
-            if info.waiting_reason is not None:
-                parts.append(info.waiting_reason.message)
-        elif job.state == "PROGRESS":
-            sub = (info.provider_state or "").removeprefix("JOB_STATE_")
-            if info.progress is not None and info.progress.percent is not None:
-                sub += f" {info.progress.percent:g}%"
-                if info.progress.epoch is not None:
-                    sub += f" epoch {info.progress.epoch}"
-            if sub.strip():
-                parts.append(sub.strip())
-            parts.append(_when("ends", info.estimated_finish_at, now))
-        return "  ".join(parts)
-
-    def _read_analytics(self, job: Job) -> JobAnalytics | None:
-        if self._analytics is None or job.is_terminal:
-            return None
-        try:
-            return self._analytics(job.id)
-        except SftqError:
-            # The line is a nicety: a failed read must not end the wait.
-            return None
-
-    def close(self) -> None:
-        if self._dirty:
-            self._stream.write("\n")
-            self._stream.flush()
-            self._dirty = False
-
-
-def _terminal_width() -> int:
-    return shutil.get_terminal_size((100, 24)).columns
-
-
-def _when(verb: str, at: datetime | None, now: datetime) -> str:
-    if at is None:
-        return f"no estimate of when it {verb}"
-    clock = at.astimezone(UTC).strftime("%H:%MZ")
-    ahead = (at - now).total_seconds()
-    rel = f"in {_coarse(ahead)}" if ahead >= 1 else "any moment"
-    return f"{verb} ~{clock} ({rel}, estimate)"
-
-
-def _coarse(seconds: float) -> str:
-    """A duration as precise as an estimate deserves: 40s, 25m, 3h05m, 2d04h."""
-    total = int(round(seconds))
-    if total < 60:
-        return f"{total}s"
-    minutes = total // 60
-    if minutes < 60:
-        return f"{minutes}m"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"
+def _follow(ctx: Context, job_id: str, *, interval: float, timeout: float | None,
+            line: Callable[[Any], None]) -> Job:
+    """Wait through the job's stream (each change within about a second); where the server does
+    not stream, poll, at least every LIVE_REFRESH seconds on a terminal (the live line shows
+    what each poll reads)."""
+    try:
+        return wait_streaming(ctx.client, job_id, timeout=timeout, on_event=line)
+    except StreamUnavailable:
+        tty = ctx.stderr_tty
+        return ctx.client.wait(
+            job_id,
+            poll_interval=min(interval, LIVE_REFRESH) if tty else interval,
+            max_interval=LIVE_REFRESH if tty else max(60.0, interval),
+            timeout=timeout,
+            on_progress=line,
+        )
 
 
 def _wait_and_report(
     ctx: Context, job_id: str, *, interval: float, timeout: float | None, as_json: bool
 ) -> int:
-    tty = ctx.stderr_tty
-    progress = _Progress(sys.stderr, tty, ctx.client.job_analytics if tty else None)
-    poll = min(interval, LIVE_REFRESH) if tty else interval
+    # On a terminal, one live line with the reasons and estimates (cli.live); else a line per
+    # change (cli.watch.LiveLine, the stream's wording).
+    live = LiveStatus(sys.stderr, ctx.client.job_analytics) if ctx.stderr_tty else None
+    plain = LiveLine(sys.stderr, False)
+    last: dict[str, str] = {}
+
+    def line(item: Any) -> None:
+        job = item if isinstance(item, Job) else getattr(item, "job", None)
+        if isinstance(job, Job):
+            last["state"] = job.state
+        (live or plain)(item)
+
     try:
-        job = ctx.client.wait(
-            job_id,
-            poll_interval=poll,
-            max_interval=LIVE_REFRESH if tty else max(60.0, interval),
-            timeout=timeout,
-            on_progress=progress,
-        )
+        job = _follow(ctx, job_id, interval=interval, timeout=timeout, line=line)
     except KeyboardInterrupt:
-        progress.close()
-        state = progress.last_state or "as it was"
-        err(f"stopped waiting; job {job_id} is unaffected (still {state}). "
+        if live is not None:
+            live.close()
+        still = f" (still {last['state']})" if "state" in last else ""
+        err(f"stopped waiting; job {job_id} is unaffected{still}. "
             f"Resume with: sftq wait {job_id}   (cancel it with: sftq cancel {job_id})")
         return EXIT_INTERRUPTED
     finally:
-        progress.close()
+        if live is not None:
+            live.close()
+        plain.close()
     print_job(job, as_json)
     return exit_for_job(job)
 

@@ -20,6 +20,11 @@ from ._common import (
 
 
 def _cmd_events(args: argparse.Namespace, ctx: Context) -> int:
+    if args.follow:
+        # Live, from the job's stream (cli.watch), until the job ends.
+        from .watch import follow_events
+
+        return follow_events(ctx, args.job_id, as_json=args.json)
     events = ctx.client.list_events(args.job_id)
     if args.json:
         print_json(events)
@@ -68,6 +73,8 @@ def _cmd_capacity(args: argparse.Namespace, ctx: Context) -> int:
 def register(command: CommandFactory) -> None:
     p = command("events", "a job's history, oldest first")
     p.add_argument("job_id", metavar="ID")
+    p.add_argument("--follow", action="store_true",
+                   help="then keep printing its events as they happen, until it ends")
     add_json(p)
     p.set_defaults(handler=_cmd_events)
 

@@ -1,0 +1,52 @@
+"""functions-framework entry point of the live stream (GET /jobs/{id}/stream, GET /jobs/stream),
+on its async stack:
+
+    functions-framework --source functions/jobs_stream.py --target jobs_stream --asgi
+
+Deployed beside jobs-api (functions/jobs_api.py, WSGI) as its own service: a stream holds its
+connection for up to SFTQ_STREAM_MAX_SECONDS, so it wants high concurrency per instance and a
+long request timeout, where the short API requests want neither. The Edge proxy sends the two
+stream paths here and everything else to jobs-api (docs/operations.md).
+
+Cold start imports almost nothing; the hub (one poll for every stream of this instance) is
+built on the first request and shared by every later one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sftq_server.lazy import Lazy
+
+if TYPE_CHECKING:
+    from sftq_server.stream import StreamApp
+
+
+def _build() -> StreamApp:
+    from sftq_server.settings import get_settings
+    from sftq_server.stream import StreamApp, make_hub
+
+    return StreamApp(lambda: make_hub(get_settings()))
+
+
+_app = Lazy(_build)
+
+
+class _Respond:
+    """What functions-framework's ASGI mode calls as the response: the stream app itself."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._app(scope, receive, send)
+
+
+async def jobs_stream(request: Any) -> Any:
+    """Serve one starlette request (functions-framework --asgi hands us starlette.Request)."""
+    return _Respond(_app.get())
+
+
+def asgi_app() -> Any:
+    """The bare ASGI application, for any ASGI server: `uvicorn --factory jobs_stream:asgi_app`."""
+    return _app.get()
