@@ -99,8 +99,9 @@ def _cost(b: Bench, results: dict[str, Any]) -> None:
               "ms", goal="< 20", ok=f["p50"] < 20,
               note=f"{out['queued']:,} queued; p95 {f['p95']:.1f}; "
                    f"database CPU {f['db_cpu_ms']:.1f} ms")
+        # The whole body's goal is the performance issue's (its analytics section judges it
+        # at 400,000 queued); shown here with what the positions alone cost.
         b.add(SECTION, f"queue analytics with reasons and estimates, {label}", w["p50"], "ms",
-              goal="< 20", ok=w["p50"] < 20,
               note=f"database CPU {w['db_cpu_ms']:.1f} ms, positions alone "
                    f"{p['db_cpu_ms']:.1f}; p95 {w['p95']:.1f}")
 

@@ -126,3 +126,19 @@ def test_analysts_may_word_the_log_like_the_api(q: Q) -> None:
         q.conn.execute("RESET ROLE")
     assert rows == [("queued", "Queued: waiting for admission."),
                     ("admitted", "Admitted: it needed 4 GPUs and 8 were free.")]
+
+
+def test_job_json_writes_timestamps_as_iso_does(q: Q) -> None:
+    """job_json spells sftq._iso's format out (for speed): the two must never differ."""
+    a = q.user("a")
+    job = q.enqueue(a, at=t(0.123456))
+    q.admit(8, at=t(5))
+    q.provider_state(job, "JOB_STATE_COMPLETED", at=t(77.5))
+    got = q.one("SELECT sftq.job_json(j) FROM sftq.jobs j WHERE j.id = %s", job)
+    want = q.all("SELECT sftq._iso(created_at), sftq._iso(started_at), sftq._iso(completed_at) "
+                 "FROM sftq.jobs WHERE id = %s", job)[0]
+    assert (got["created_at"], got["started_at"], got["completed_at"]) == want
+    assert got["created_at"] == "2026-05-01T10:00:00.123456Z"
+    queued = q.enqueue(a)
+    assert q.one("SELECT sftq.job_json(j) FROM sftq.jobs j WHERE j.id = %s", queued)[
+        "started_at"] is None
