@@ -26,7 +26,8 @@ from common import BENCH, Bench, background_cores, machine_info, write_json  # n
 QUIET_CORES = 0.25
 
 SECTIONS = ("enqueue", "admission", "analytics", "tick", "footprint", "profile", "stream",
-            "webhooks")
+            "webhooks",
+            "visibility")
 
 
 def _module(name: str) -> Any:

@@ -20,8 +20,15 @@ def _int(name: str, default: int) -> int:
     return int(raw) if raw else default
 
 
-def _bool(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+def _bool(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false, not {raw!r}")
 
 
 def _queue_timeout(name: str) -> int | None:
@@ -69,6 +76,12 @@ class Settings:
     # loopback and private addresses and over http:// (`sftq dev` sets it).
     webhooks_key: str = field(default="", repr=False)
     webhooks_allow_private: bool = False
+    # How often the scheduler ticks. The API judges a stalled scheduler (no tick for 3 of
+    # these) and places estimates on the tick grid with it; `sftq dev` passes its
+    # --tick-interval here.
+    tick_interval_seconds: float = 30.0
+    # GET /capacity names every user with work; false folds the others into one row.
+    capacity_show_users: bool = True
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -93,6 +106,8 @@ class Settings:
             dev_stack=os.environ.get("SFTQ_DEV_STACK", "") == "1",
             webhooks_key=os.environ.get("SFTQ_WEBHOOKS_KEY", ""),
             webhooks_allow_private=_bool("SFTQ_WEBHOOKS_ALLOW_PRIVATE"),
+            tick_interval_seconds=_float("SFTQ_TICK_INTERVAL_SECONDS", 30.0),
+            capacity_show_users=_bool("SFTQ_CAPACITY_SHOW_USERS", True),
         )
 
 

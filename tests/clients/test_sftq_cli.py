@@ -193,7 +193,8 @@ def test_list_json_and_filters(sftq: Run, api: FakeJobsApi) -> None:
         "completed_at", "error", "fireworks_job_name",
         "failure_class", "retry_of",  # added since the contract (issue 10)
     }  # fmt: skip
-    assert dict(api.requests[0].url.params) == {"state": "PROGRESS", "kind": "RFT"}
+    # A plain list is one page of the newest jobs (GET /jobs without limit would be all).
+    assert dict(api.requests[0].url.params) == {"state": "PROGRESS", "kind": "RFT", "limit": "100"}
 
 
 def test_list_says_when_more_exist(sftq: Run, api: FakeJobsApi) -> None:

@@ -64,6 +64,7 @@ def stack_children(config: DevConfig, facts: StackFacts, data_dir: str) -> list[
         # Local webhook receivers (sftq webhooks listen) live on loopback.
         "SFTQ_WEBHOOKS_ALLOW_PRIVATE": os.environ.get("SFTQ_WEBHOOKS_ALLOW_PRIVATE", "true"),
     }
+    gateway_env |= {"SFTQ_TICK_INTERVAL_SECONDS": f"{config.tick_interval:g}"} if config.tick_interval > 0 else {}  # noqa: E501
     specs: list[ChildSpec] = []
     if config.provider == "simulator":
         specs.append(
