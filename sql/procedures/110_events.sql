@@ -83,6 +83,8 @@ AS $$
                      || CASE WHEN x.ps IS NOT NULL THEN format(' (the provider reported %s)', x.ps) ELSE '' END || '.'
                  WHEN x.reason = 'queue_timeout' THEN
                      'Cancelled: it waited longer than its queue timeout without being admitted.'
+                 WHEN x.reason = 'cancel_requested' THEN
+                     'Cancelled: the provider confirmed that its job stopped.'
                  WHEN x.reason IS NOT NULL THEN format('Cancelled (%s).', replace(x.reason, '_', ' '))
                  WHEN p_actor LIKE 'user:%' OR p_actor = 'admin' THEN
                      format('Cancelled %s: the provider job was stopped.', x.by_whom)
@@ -94,6 +96,11 @@ AS $$
         WHEN 'failed' THEN
             CASE WHEN x.reason IN ('submission_rejected', 'rejected') THEN
                      'Failed: the provider rejected the submission; the job''s error field holds its answer.'
+                 WHEN x.reason = 'submission_gave_up' THEN
+                     format('Failed: the provider could not be reached to create it (%s failed attempts over %s); the job''s error field holds the last answer.',
+                            COALESCE(x.j ->> 'attempts', '?'),
+                            CASE WHEN jsonb_typeof(x.j -> 'seconds') = 'number'
+                                 THEN sftq._human_seconds((x.j ->> 'seconds')::numeric) ELSE 'a while' END)
                  WHEN x.j ->> 'message' IS NOT NULL AND x.j ->> 'message' <> '' THEN
                      format('Failed at the provider: %s', left(x.j ->> 'message', 300))
                  WHEN x.reason IS NOT NULL THEN format('Failed (%s).', replace(x.reason, '_', ' '))

@@ -11,7 +11,6 @@ import pytest
 from fn_support import Api, Db, FakeProvider, assert_error
 from test_http_openapi import Conformance
 
-from sftq_server.api import ApiApp
 from sftq_server.models import EventPage
 from sftq_server.provider import Transient
 
@@ -219,16 +218,11 @@ def test_cancel_before_submission_and_outside_the_queue(api: Api, db: Db, alice:
         "Cancelled: the provider job was deleted or cancelled outside the queue")
 
 
-# The retry and queue-timeout paths belong to the tick developer's branch (POST
-# /jobs/{id}/retry; the tick's queue timeout). Until they land, these drive the event rows
-# exactly as contracts.md defines them; at merge, replace the marked lines with the real calls
-# (the assertions stay).
-
 def test_queue_timeout(api: Api, db: Db, alice: str) -> None:
-    job = api.enqueue(alice)
-    # MERGE: the tick's queue timeout (QUEUED -> CANCELLED, event 'queue_timeout').
-    db.conn.execute("SELECT sftq._transition(%s, 'CANCELLED', now(), 'scheduler', "
-                    "'queue_timeout', '{\"queue_timeout_seconds\": 3600}')", (job,))
+    job = api.enqueue(alice, queue_timeout_seconds=3600)
+    # What the tick runs each time: QUEUED jobs past their deadline are cancelled.
+    assert db.conn.execute("SELECT sftq.expire_queued(now() + interval '2 hours')"
+                           ).fetchone() == (1,)
     evs = events(api, alice, job)
     assert kinds(evs) == [("queued", "QUEUED"), ("queue_timeout", "CANCELLED")]
     assert evs[-1]["message"] == (
@@ -236,23 +230,14 @@ def test_queue_timeout(api: Api, db: Db, alice: str) -> None:
         "admitted.")
 
 
-def test_retry(api: Api, db: Db, alice: str, jobs_app: ApiApp) -> None:
+def test_retry(api: Api, db: Db, alice: str) -> None:
     old = api.enqueue(alice)
     db.admit()
     db.submitted(old)
     db.provider_state(old, "JOB_STATE_FAILED", "node lost", after=30)
-    found = jobs_app.router.match("/jobs/x/retry")
-    if found is not None and "POST" in found[0].handlers:
-        resp = api.post(f"/jobs/{old}/retry", alice)
-        assert resp.status_code in (200, 201), resp.get_data(as_text=True)
-        new = str(resp.json["id"])  # type: ignore[index]
-    else:
-        # MERGE: POST /jobs/{id}/retry lands with the tick developer's branch.
-        new = api.enqueue(alice)
-        db.conn.execute("UPDATE sftq.job_events SET detail = %s::jsonb "
-                        "WHERE job_id = %s AND event = 'queued'",
-                        (json.dumps({"retry_of": old}), new))
-        event(db, old, "retried", "FAIL", {"new_job_id": new}, actor="user:alice")
+    resp = api.post(f"/jobs/{old}/retry", alice)
+    assert resp.status_code == 201, resp.get_data(as_text=True)
+    new = str(resp.json["id"])  # type: ignore[index]
     old_last = events(api, alice, old)[-1]
     assert (old_last["type"], old_last["state"]) == ("retried", "FAIL")
     assert old_last["message"] == f"Retried as job {new}."
@@ -267,3 +252,18 @@ def test_an_unknown_type_still_reads_as_a_sentence(api: Api, db: Db, alice: str)
     event(db, job, "webhook_sent", "QUEUED", {"endpoint": 3})
     last = events(api, alice, job)[-1]
     assert (last["type"], last["message"]) == ("webhook_sent", "Webhook Sent (the job is QUEUED).")
+
+
+def test_a_submission_given_up(api: Api, db: Db, alice: str) -> None:
+    job = api.enqueue(alice)
+    db.admit()
+    for _ in range(2):
+        db.conn.execute("SELECT sftq.record_submit_error(%s, 'HTTP 503: unavailable', true)",
+                        (job,))
+    db.conn.execute("SELECT sftq.give_up_submission(%s)", (job,))
+    evs = events(api, alice, job)
+    assert kinds(evs)[-1] == ("failed", "FAIL")
+    assert evs[-1]["message"].startswith(
+        "Failed: the provider could not be reached to create it (2 failed attempts over ")
+    assert evs[-1]["message"].endswith(
+        " The failure is temporary: a retry may succeed.")
