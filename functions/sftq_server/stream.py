@@ -649,15 +649,23 @@ class _WsgiBody(Iterator[bytes]):
             stream.close()
             await self._chunks.aclose()
 
-        # A loop that has stopped has nothing left to close.
+        # The coroutine is made inside the loop, by a callback: if the loop stops (the gateway
+        # shutting down) before it runs the callback, no coroutine exists to be left
+        # un-awaited; a task it did start is cancelled and awaited by WsgiStreams.close.
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def start() -> None:
+            task = self._loop.create_task(finish())
+            task.add_done_callback(lambda _t: done.set_result(None))
+
         if self._loop.is_running():
-            coro = finish()
             try:
-                asyncio.run_coroutine_threadsafe(coro, self._loop).result(5)
+                self._loop.call_soon_threadsafe(start)
             except RuntimeError:
-                coro.close()
-            except Exception:  # noqa: S110 (the stream is going away either way)
-                pass
+                pass  # the loop closed meanwhile: nothing is left to close
+            else:
+                with contextlib.suppress(concurrent.futures.TimeoutError):
+                    done.result(5)
         _log(self._request, self._opened.route, 200, self._started, stream.frames_sent)
 
 
