@@ -223,16 +223,16 @@ parse_url() {  # parse_url VAR
 }
 
 urldecode() {  # %XX escapes back to bytes; nothing else is touched (a backslash stays one)
-    local LC_ALL=C s=$1 out='' i
+    local LC_ALL=C s=$1 decoded='' i
     for ((i = 0; i < ${#s}; i++)); do
         if [[ ${s:i:1} == % && ${s:i+1:2} =~ ^[0-9A-Fa-f]{2}$ ]]; then
-            printf -v out '%s'"\\x${s:i+1:2}" "$out"
+            printf -v decoded '%s'"\\x${s:i+1:2}" "$decoded"
             i=$((i + 2))
         else
-            out+=${s:i:1}
+            decoded+=${s:i:1}
         fi
     done
-    printf '%s' "$out"
+    printf '%s' "$decoded"
 }
 
 # psql_for VAR: sets PSQL_URL (VAR's URL without its password: safe on a command line) and
@@ -757,15 +757,15 @@ settings_args() {
 
 do_functions() {
     use_build_dir
-    local name
+    local name sizing=()
     for name in "${ALL_FUNCTIONS[@]}"; do
         selected "$name" || continue
         stage_function "$name"
-        # shellcheck disable=SC2207 # function_sizing prints flags without spaces in them
+        read -ra sizing <<<"$(function_sizing "$name")"
         ARGS=("$GCLOUD" functions deploy "$name" --project="$GCP_PROJECT" --region="$GCP_REGION"
             --gen2 --runtime=python311 --source="$BUILD_DIR/$name" --entry-point="$(entry_point "$name")"
             --trigger-http --allow-unauthenticated --timeout="$(function_timeout "$name")"
-            $(function_sizing "$name"))
+            "${sizing[@]}")
         if [[ -n ${GCP_SERVICE_ACCOUNT:-} ]]; then ARGS+=(--service-account="$GCP_SERVICE_ACCOUNT"); fi
         settings_args "$name"
         ARGS+=(--quiet)
@@ -836,7 +836,7 @@ service_sizing() {
 do_services() {
     use_build_dir
     stage_image
-    local image name
+    local image name sizing=() command=()
     image=$GCP_REGION-docker.pkg.dev/$GCP_PROJECT/sftq/sftq:$(image_tag)
     run_unless "$GCLOUD" artifacts repositories describe sftq --project="$GCP_PROJECT" \
         --location="$GCP_REGION" --quiet -- \
@@ -846,10 +846,11 @@ do_services() {
         --tag="$image" --quiet
     for name in "${ALL_FUNCTIONS[@]}"; do
         selected "$name" || continue
-        # shellcheck disable=SC2207 # these print flags without spaces in them
+        read -ra sizing <<<"$(service_sizing "$name")"
+        read -ra command <<<"$(service_command "$name")"
         ARGS=("$GCLOUD" run deploy "sftq-$name" --project="$GCP_PROJECT" --region="$GCP_REGION"
-            --image="$image" --port=8080 $(service_sizing "$name")
-            --timeout="$(function_timeout "$name")" $(service_command "$name") --allow-unauthenticated)
+            --image="$image" --port=8080 "${sizing[@]}"
+            --timeout="$(function_timeout "$name")" "${command[@]}" --allow-unauthenticated)
         if [[ -n ${GCP_SERVICE_ACCOUNT:-} ]]; then ARGS+=(--service-account="$GCP_SERVICE_ACCOUNT"); fi
         settings_args "$name"
         ARGS+=(--quiet)
