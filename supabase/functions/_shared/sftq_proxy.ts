@@ -3,10 +3,9 @@
 // Supabase serves $SUPABASE_URL/functions/v1/<name>/... only from Edge Functions (Deno); the
 // queue's functions run on Cloud Run. Each of supabase/functions/{jobs-api,analytics,
 // scheduler-tick,webhook-deliver}/index.ts calls serve(<its name>), and this module does the
-// rest: it forwards
-// the method, the path below the function's name, the query, the headers that matter and the
-// body to the upstream URL named by a function secret, and streams the answer back as it
-// arrives (server-sent events included). An upstream that cannot be reached is answered 502
+// rest: it forwards the method, the path below the function's name, the query, the headers
+// that matter and the body to the upstream URL named by a function secret, and streams the
+// answer back as it arrives (server-sent events included). An upstream that cannot be reached is answered 502
 // with the JSON error envelope; X-Request-Id is passed through, or made here.
 //
 // Secrets (supabase secrets set ...): SFTQ_UPSTREAM_JOBS_API, SFTQ_UPSTREAM_ANALYTICS,
