@@ -2,6 +2,10 @@
 # with the setup docs/performance.md recommends: WSGI, 2 worker processes x 2 blocking threads
 # (HTTP parsing in Rust: about 0.5 ms of server CPU per request where functions-framework's
 # gunicorn and Flask stack spent 1.2-1.3 ms). Paths are the contract's: /functions/v1/<name>.
+# The same image runs the two other functions with a command of their own (infra/deploy.sh
+# passes it to Cloud Run): webhook-deliver under granian (webhook_deliver:create_app), and the
+# live stream under uvicorn, ASGI (jobs_stream:asgi_app). cryptography seals and opens the
+# webhooks' signing secrets (jobs-api, webhook-deliver).
 #
 # `infra/deploy.sh services` builds it with Cloud Build from a staged folder holding this file,
 # functions/, docs/openapi.json and constraints.txt (the versions installed where the tests
@@ -18,7 +22,7 @@ WORKDIR /app
 COPY pyproject.toml constraints.tx[t] ./
 RUN pip install --no-cache-dir $(test -f constraints.txt && echo -c constraints.txt) \
         "psycopg[binary]>=3.1.18" "psycopg-pool>=3.2" "pydantic>=2.6" "httpx>=0.27" \
-        "werkzeug>=3.0" "granian>=1.6" \
+        "werkzeug>=3.0" "granian>=1.6" "uvicorn>=0.30" "cryptography>=42" \
     && useradd --system --no-create-home --uid 10001 sftq
 
 COPY functions/ functions/

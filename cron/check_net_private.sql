@@ -1,15 +1,19 @@
--- Fails (and says why) unless pg_net's schema is closed to everyone but the tick job's owner,
--- and that owner can still queue the job's POST. Run after schedule_tick.sql, in the same
--- database (infra/deploy.sh cron does):
+-- Fails (and says why) unless pg_net's schema is closed to everyone but the owners of the
+-- queue's requests, and each of them can still queue its POST. Run after schedule_tick.sql
+-- and schedule_webhooks.sql, in the same database (infra/deploy.sh cron does):
 --
 --   psql "$SUPABASE_DB_URL" -X -v ON_ERROR_STOP=1 -f cron/check_net_private.sql
 --
--- Who must not reach net: PUBLIC, anon, authenticated, and every login role other than the
--- job's owner, superusers and Supabase's own service roles (supabase_*), whether the right
--- was granted to it or comes through a role it belongs to.
+-- The owners: the roles that own the pg_cron jobs sftq-scheduler-tick and
+-- sftq-webhooks-deliver (pg_cron runs a job as its owner), and the owner of the webhook poke
+-- (sftq._webhook_poke, SECURITY DEFINER); with none of them, the role running this check.
+-- Who must not reach net: PUBLIC, anon, authenticated, and every other login role except
+-- superusers and Supabase's own service roles (supabase_*), whether the right was granted
+-- to it or comes through a role it belongs to.
 
 DO $$
 DECLARE
+    v_owners name[] := '{}';
     v_owner  name;
     v_post   regprocedure := to_regprocedure('net.http_post(text, jsonb, jsonb, jsonb, integer)');
     v_open   text[];
@@ -18,13 +22,23 @@ BEGIN
         RAISE EXCEPTION 'schema net does not exist: is pg_net enabled in this database?';
     END IF;
     IF to_regclass('cron.job') IS NOT NULL THEN
-        EXECUTE 'SELECT username FROM cron.job WHERE jobname = $1' INTO v_owner
-          USING 'sftq-scheduler-tick';
+        EXECUTE 'SELECT coalesce(array_agg(DISTINCT username::name), ''{}'') FROM cron.job '
+                'WHERE jobname = ANY($1)' INTO v_owners
+          USING ARRAY['sftq-scheduler-tick', 'sftq-scheduler-tick-offset', 'sftq-webhooks-deliver'];
     END IF;
-    v_owner := coalesce(v_owner, current_user);
+    IF to_regprocedure('sftq._webhook_poke()') IS NOT NULL THEN
+        SELECT r.rolname INTO v_owner FROM pg_proc p JOIN pg_roles r ON r.oid = p.proowner
+         WHERE p.oid = to_regprocedure('sftq._webhook_poke()');
+        IF v_owner <> ALL (v_owners) THEN
+            v_owners := array_append(v_owners, v_owner);
+        END IF;
+    END IF;
+    IF cardinality(v_owners) = 0 THEN
+        v_owners := ARRAY[current_user];
+    END IF;
     WITH probe AS (
         SELECT r.oid, r.rolname::text AS who FROM pg_roles r
-         WHERE r.rolname <> v_owner AND NOT r.rolsuper AND r.rolname NOT LIKE 'supabase%'
+         WHERE r.rolname <> ALL (v_owners) AND NOT r.rolsuper AND r.rolname NOT LIKE 'supabase%'
            AND (r.rolcanlogin OR r.rolname IN ('anon', 'authenticated'))
     ), rel AS (
         SELECT c.oid, c.oid::regclass::text AS name, c.relkind, c.relacl FROM pg_class c
@@ -48,16 +62,19 @@ BEGIN
           FROM probe, fn WHERE has_function_privilege(probe.oid, fn.oid, 'EXECUTE')
     ) found;
     IF v_open IS NOT NULL THEN
-        RAISE EXCEPTION 'pg_net is open to roles other than the tick job''s owner (%): the queued request, and the power to make the database send requests, are theirs',
-                        v_owner
+        RAISE EXCEPTION 'pg_net is open to roles other than the owner of the queue''s requests (%): the queued requests, and the power to make the database send requests, are theirs',
+                        array_to_string(v_owners, ', ')
             USING DETAIL = array_to_string(v_open, E'\n'),
-                  HINT = 'Run cron/schedule_tick.sql again as the job''s owner; if these grants belong to another role (e.g. supabase_admin), ask the project''s administrator to revoke them.';
+                  HINT = 'Run cron/schedule_tick.sql (and schedule_webhooks.sql) again as the jobs'' owner; if these grants belong to another role (e.g. supabase_admin), ask the project''s administrator to revoke them.';
     END IF;
-    IF v_post IS NULL OR NOT has_function_privilege(v_owner, v_post, 'EXECUTE')
-       OR NOT has_schema_privilege(v_owner, 'net', 'USAGE')
-       OR (NOT (SELECT prosecdef FROM pg_proc WHERE oid = v_post)
-           AND NOT has_table_privilege(v_owner, 'net.http_request_queue', 'INSERT')) THEN
-        RAISE EXCEPTION 'the tick job''s owner % can no longer queue its POST with net.http_post', v_owner;
-    END IF;
+    FOREACH v_owner IN ARRAY v_owners LOOP
+        IF v_post IS NULL OR NOT has_function_privilege(v_owner, v_post, 'EXECUTE')
+           OR NOT has_schema_privilege(v_owner, 'net', 'USAGE')
+           OR (NOT (SELECT prosecdef FROM pg_proc WHERE oid = v_post)
+               AND NOT has_table_privilege(v_owner, 'net.http_request_queue', 'INSERT')) THEN
+            RAISE EXCEPTION 'the owner % of the queue''s requests can no longer queue its POST with net.http_post', v_owner
+                USING HINT = 'Schedule the tick and the webhooks as one role: the last schedule script run closes pg_net to every other login.';
+        END IF;
+    END LOOP;
 END
 $$;

@@ -15,6 +15,15 @@
 
 \set ON_ERROR_STOP on
 
+\if :{?tick_url}
+\else
+DO $$ BEGIN RAISE EXCEPTION 'psql variable tick_url is not set'
+    USING HINT = 'psql ... -v tick_url=https://<project-ref>.supabase.co/functions/v1/scheduler-tick'; END $$;
+\endif
+\set sftq_cron_url :tick_url
+\set sftq_cron_url_secret sftq_tick_url
+\set sftq_cron_url_description 'finetune-queue: URL of the scheduler-tick function'
+
 BEGIN;
 \ir _tick_secrets.sql
 \ir _net_private.sql

@@ -3,16 +3,25 @@
 -- Both POST to the webhook-deliver function (functions/webhook_deliver.py), which claims
 -- what is due, delivers it and records each attempt (docs/webhooks.md).
 --
---   psql "$SUPABASE_DB_URL" -v ON_ERROR_STOP=1 \
---        -v deliver_url="https://<region>-<project>.cloudfunctions.net/webhook-deliver" \
+--   printf %s "$SFTQ_TICK_SECRET" | psql "$SUPABASE_DB_URL" -v ON_ERROR_STOP=1 \
+--        -v deliver_url="$SUPABASE_URL/functions/v1/webhook-deliver" \
 --        -f cron/schedule_webhooks.sql
 --
 -- Optional: -v deliver_schedule='10 seconds' (any pg_cron schedule; default '5 seconds';
 -- pg_cron 1.4 has no seconds: use '* * * * *' there), -v poke=off (no trigger: cron only).
--- Run it after cron/schedule_tick.sql: the function checks the tick's bearer secret, read
--- here from the Vault secret sftq_tick_secret that script stores (one secret to rotate).
--- Running it again replaces the job, the trigger and the URL. Needs pg_cron, pg_net and
--- supabase_vault in this database. Remove everything with cron/unschedule_webhooks.sql.
+--
+-- webhook-deliver checks the same secret as scheduler-tick (SFTQ_TICK_SECRET), the same
+-- way: this script takes it on standard input and stores it in Vault as sftq_tick_secret,
+-- the entry schedule_tick.sql keeps (one secret to rotate), beside the URL
+-- (sftq_webhooks_url). Neither the job nor the poke ever sends the secret: each request
+-- carries a token minted from it when the request is queued,
+--   Authorization: Bearer v1.<unix seconds>.<hex HMAC-SHA256 of the seconds, keyed by the secret>
+-- which the function accepts for two minutes (_tick_secrets.sql). The script also closes
+-- pg_net's schema to every role but the one running it (_net_private.sql), as the tick's
+-- does; run it as the same role as schedule_tick.sql, then cron/check_net_private.sql.
+-- Running it again replaces the job, the trigger, the URL and the secret. Needs pg_cron,
+-- pg_net, supabase_vault and pgcrypto in this database. Remove the job and the trigger with
+-- cron/unschedule_webhooks.sql.
 --
 -- Latency: the poke is queued in the committing transaction and pg_net sends it right after
 -- the commit, so a delivery usually starts within a second (pg_net's worker loop plus a
@@ -31,59 +40,40 @@
 \if :{?deliver_url}
 \else
 DO $$ BEGIN RAISE EXCEPTION 'psql variable deliver_url is not set'
-    USING HINT = 'psql ... -v deliver_url=https://<host>/webhook-deliver'; END $$;
+    USING HINT = 'psql ... -v deliver_url=https://<project-ref>.supabase.co/functions/v1/webhook-deliver'; END $$;
 \endif
+DO $$ BEGIN
+    IF to_regclass('sftq.webhook_deliveries') IS NULL THEN
+        RAISE EXCEPTION 'sftq.webhook_deliveries does not exist in this database'
+            USING HINT = 'migrate it first (infra/deploy.sh db, or sftq db migrate)';
+    END IF;
+END $$;
+\set sftq_cron_url :deliver_url
+\set sftq_cron_url_secret sftq_webhooks_url
+\set sftq_cron_url_description 'finetune-queue: URL of the webhook-deliver function'
 
 BEGIN;
-SELECT set_config('sftq_cron.deliver_url', :'deliver_url', true) IS NOT NULL AS url \gset sftq_cron_
-DO $$
-DECLARE
-    v_url  text := current_setting('sftq_cron.deliver_url');
-    v_id   uuid;
-BEGIN
-    IF v_url !~ '^https?://[^[:space:]]+$' THEN
-        RAISE EXCEPTION 'deliver_url must be an http(s) URL';
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM vault.secrets WHERE name = 'sftq_tick_secret') THEN
-        RAISE EXCEPTION 'the Vault secret sftq_tick_secret is missing'
-            USING HINT = 'run cron/schedule_tick.sql first: the delivery function checks the same bearer secret';
-    END IF;
-    SELECT id INTO v_id FROM vault.secrets WHERE name = 'sftq_webhooks_url';
-    IF v_id IS NULL THEN
-        PERFORM vault.create_secret(v_url, 'sftq_webhooks_url',
-                                    'finetune-queue: URL of the webhook-deliver function');
-    ELSE
-        PERFORM vault.update_secret(v_id, v_url);
-    END IF;
-END
-$$;
-SELECT set_config('sftq_cron.deliver_url', '', true) IS NOT NULL AS url \gset sftq_cron_
+\ir _tick_secrets.sql
+\ir _net_private.sql
 
 -- Fires only when something is due (one probe of the due index), so an idle queue costs no
 -- function invocations.
 SELECT cron.schedule(
     'sftq-webhooks-deliver',
     :'deliver_schedule',
-    $cmd$
-    SELECT net.http_post(
-        url := (SELECT decrypted_secret FROM vault.decrypted_secrets WHERE name = 'sftq_webhooks_url'),
-        headers := jsonb_build_object(
-            'Content-Type', 'application/json',
-            'Authorization', 'Bearer ' || (SELECT decrypted_secret FROM vault.decrypted_secrets
-                                           WHERE name = 'sftq_tick_secret')),
-        body := '{}'::jsonb,
-        timeout_milliseconds := 25000
-    ) AS request_id
-    WHERE EXISTS (SELECT 1 FROM sftq.webhook_deliveries
-                   WHERE state = 'pending' AND next_attempt_at <= now())
-    $cmd$
+    :'sftq_cron_command' || $where$
+     WHERE EXISTS (SELECT 1 FROM sftq.webhook_deliveries
+                    WHERE state = 'pending' AND next_attempt_at <= now())$where$
 ) AS jobid \gset sftq_cron_
 
+-- The poke mints its token the way the job does (the expression from _tick_secrets.sql,
+-- which names pgcrypto's schema), so the function is written out here and run with \gexec.
+SELECT format($def$
 CREATE OR REPLACE FUNCTION sftq._webhook_poke()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$
+AS $body$
 DECLARE
     v_url  text;
 BEGIN
@@ -102,19 +92,19 @@ BEGIN
                 url := v_url,
                 headers := jsonb_build_object(
                     'Content-Type', 'application/json',
-                    'Authorization', 'Bearer ' || (SELECT decrypted_secret FROM vault.decrypted_secrets
-                                                   WHERE name = 'sftq_tick_secret')),
+                    'Authorization', %s),
                 body := '{}'::jsonb,
                 timeout_milliseconds := 25000);
         END IF;
     EXCEPTION WHEN OTHERS THEN
-        RAISE WARNING 'sftq: webhook poke not sent (%); the cron job will deliver', SQLERRM;
+        RAISE WARNING 'sftq: webhook poke not sent (%%); the cron job will deliver', SQLERRM;
     END;
     RETURN NULL;
 END
-$$;
+$body$
+$def$, :'sftq_cron_authorization') \gexec
 COMMENT ON FUNCTION sftq._webhook_poke() IS
-    'AFTER INSERT (statement) trigger on sftq.webhook_deliveries, installed by cron/schedule_webhooks.sql: queues one pg_net POST to the webhook-deliver function per transaction, sent by pg_net after the commit. Never fails the transaction. Locking contract: none.';
+    'AFTER INSERT (statement) trigger on sftq.webhook_deliveries, installed by cron/schedule_webhooks.sql: queues one pg_net POST to the webhook-deliver function per transaction, with a two-minute token minted from Vault (never the secret), sent by pg_net after the commit. Never fails the transaction. Locking contract: none.';
 REVOKE ALL ON FUNCTION sftq._webhook_poke() FROM PUBLIC;
 
 \if :poke

@@ -10,10 +10,16 @@ stream paths here and everything else to jobs-api (docs/operations.md).
 
 Cold start imports almost nothing; the hub (one poll for every stream of this instance) is
 built on the first request and shared by every later one.
+
+The container image serves the same app under uvicorn (infra/deploy.sh services):
+
+    uvicorn jobs_stream:asgi_app --factory   (PYTHONPATH=functions)
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import TYPE_CHECKING, Any
 
 from sftq_server.lazy import Lazy
@@ -30,16 +36,27 @@ def _build() -> StreamApp:
 
 
 _app = Lazy(_build)
+_log = logging.getLogger("sftq.stream")
 
 
 class _Respond:
-    """What functions-framework's ASGI mode calls as the response: the stream app itself."""
+    """The stream app, ending quietly at the server's shutdown: what functions-framework's
+    ASGI mode calls as the response, and what a bare ASGI server serves."""
 
     def __init__(self, app: Any) -> None:
         self._app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await self._app(scope, receive, send)
+        try:
+            await self._app(scope, receive, send)
+        except asyncio.CancelledError:
+            if scope.get("type") != "http":
+                raise
+            # A stream never ends by itself: when an instance stops, its server (uvicorn)
+            # waits out its graceful-shutdown time, then cancels the streams still open, and
+            # their clients resume on another instance with Last-Event-ID. That is how such a
+            # stream ends, not an error to log with a traceback.
+            _log.info("stream closed by the server's shutdown: %s", scope.get("path"))
 
 
 async def jobs_stream(request: Any) -> Any:
@@ -48,5 +65,5 @@ async def jobs_stream(request: Any) -> Any:
 
 
 def asgi_app() -> Any:
-    """The bare ASGI application, for any ASGI server: `uvicorn --factory jobs_stream:asgi_app`."""
-    return _app.get()
+    """The ASGI application, for any ASGI server: `uvicorn --factory jobs_stream:asgi_app`."""
+    return _Respond(_app.get())

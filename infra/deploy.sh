@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Deploys finetune-queue for real: the queue database on a Supabase project, the three
-# HTTP functions on Cloud Run (as services from one container image, or as Cloud Run
-# functions) with their secrets in Secret Manager, and the pg_cron job that fires the
-# scheduler tick. docs/operations.md explains each step.
+# Deploys finetune-queue for real: the queue database on a Supabase project, the HTTP
+# functions on Cloud Run (as services from one container image, or as Cloud Run functions)
+# with their secrets in Secret Manager, and the pg_cron jobs that fire the scheduler tick and
+# the webhook deliveries. docs/operations.md explains each step.
 #
 # Every command it runs goes through `run` (or run_cmd), which first prints it, one line,
 # shell-quoted, with secrets shown as ***. With --dry-run it prints them and runs nothing (it
@@ -21,13 +21,17 @@ usage: infra/deploy.sh [--dry-run] [--only NAMES] STEP...
 Steps (run in the order given; `all` = db secrets services cron):
   db          apply migrations to SUPABASE_DB_URL; create the login roles asked for; check
               that Supabase's Data API cannot reach schema sftq
-  secrets     store the functions' secrets in Secret Manager (a new version each run)
-  services    build the container image (granian, Dockerfile) with Cloud Build and deploy
-              jobs-api, analytics and scheduler-tick as Cloud Run services from it
-  functions   or: stage and deploy them as Cloud Run functions (gen2, python311)
-  cron        schedule the 30-second tick with pg_cron (running it again replaces the job),
-              close pg_net to other roles, and check that it is closed
-  unschedule  remove the tick's pg_cron job
+  secrets     store the functions' secrets in Secret Manager (a new version each run; the
+              webhooks key is generated once when SFTQ_WEBHOOKS_KEY is not set)
+  services    build the container image (Dockerfile) with Cloud Build and deploy the
+              functions as Cloud Run services from it: jobs-api, analytics and
+              scheduler-tick (granian, WSGI), webhook-deliver (granian, WSGI) and jobs-stream
+              (uvicorn, ASGI: the two stream routes, long-lived requests)
+  functions   or: stage and deploy them as Cloud Run functions (gen2, python311; jobs-stream
+              on functions-framework's ASGI stack)
+  cron        schedule the 30-second tick and the webhook deliveries with pg_cron (running it
+              again replaces the jobs), close pg_net to other roles, and check that it is closed
+  unschedule  remove the pg_cron jobs (the tick's and the webhook deliveries')
   all         db, secrets, services, cron
 
 Options:
@@ -35,8 +39,9 @@ Options:
   --only NAMES   with a single `secrets`, `services` or `functions` step: only these
                  (comma-separated)
                  secrets: database-url, api-database-url, analytics-database-url,
-                          fireworks-api-key, tick-secret
-                 services, functions: jobs-api, analytics, scheduler-tick
+                          fireworks-api-key, tick-secret, webhooks-key
+                 services, functions: jobs-api, analytics, scheduler-tick,
+                          webhook-deliver, jobs-stream
 
 Settings (environment variables):
   SUPABASE_DB_URL           direct or session connection, port 5432 (db, cron, unschedule);
@@ -55,7 +60,12 @@ Settings (environment variables):
   SUPABASE_PROJECT_REF      the project ref (default: read from SUPABASE_DB_URL)
   ANALYTICS_DATABASE_URL    secrets: DATABASE_URL of the analytics function (default: the API's)
   FIREWORKS_API_KEY         secrets
-  SFTQ_TICK_SECRET          secrets, cron: the tick secret (at least 32 characters)
+  SFTQ_TICK_SECRET          secrets, cron: the tick secret (at least 32 characters); it also
+                            guards webhook-deliver
+  SFTQ_WEBHOOKS_KEY         secrets: the key(s) sealing webhook signing secrets (each at least
+                            32 characters; comma-separated to rotate, the first seals). Unset:
+                            one is generated (like openssl rand -base64 32) if Secret Manager
+                            holds none yet, and an existing one is kept
   GCP_PROJECT, GCP_REGION   secrets (project), services, functions, cron (to derive the tick URL)
   GCP_SERVICE_ACCOUNT       optional: runtime identity of the functions, granted access to the secrets
   FIREWORKS_ACCOUNT_ID      services, functions
@@ -64,11 +74,15 @@ Settings (environment variables):
                             (the Edge proxy, supabase/functions/scheduler-tick)
   SFTQ_TICK_URL             cron: the tick URL (default: from SUPABASE_URL, else
                             https://REGION-PROJECT.cloudfunctions.net/scheduler-tick)
+  SFTQ_WEBHOOKS_DELIVER_URL cron: webhook-deliver's URL (default: SUPABASE_URL's
+                            /functions/v1/webhook-deliver, else
+                            https://REGION-PROJECT.cloudfunctions.net/webhook-deliver)
   Passed to the functions when set: FIREWORKS_BASE_URL FIREWORKS_QUOTA_ID FIREWORKS_TIMEOUT
     SFTQ_USAGE_GRACE_SECONDS SFTQ_TICK_LEASE_SECONDS SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS
     SFTQ_MAX_BODY_BYTES SFTQ_QUEUE_TIMEOUT_SECONDS SFTQ_SUBMIT_MAX_ATTEMPTS SFTQ_SUBMIT_MAX_SECONDS
     SFTQ_SUBMIT_BACKOFF_SECONDS SFTQ_RECONCILE_GET_LIMIT SFTQ_TICK_INTERVAL_SECONDS
-    SFTQ_CAPACITY_SHOW_USERS
+    SFTQ_CAPACITY_SHOW_USERS SFTQ_WEBHOOKS_ALLOW_PRIVATE SFTQ_STREAM_HEARTBEAT_SECONDS
+    SFTQ_STREAM_MAX_SECONDS (below jobs-stream's 3600 s request timeout) SFTQ_STREAM_POLL_MS
   SFTQ_SECRET_PREFIX        Secret Manager names are PREFIX + short name (default sftq-)
   SFTQ_BUILD_DIR            where functions are staged (default: a new temporary folder)
   SFTQ_FUNCTIONS_DIR        the functions' source (default functions)
@@ -167,6 +181,18 @@ run_unless() {
     if ((!DRY_RUN)); then "${check[@]}" >/dev/null 2>&1 || "$@"; fi
 }
 
+# run_unless_with_input VALUE CHECK... -- CMD...: CMD, with VALUE on its stdin, only when
+# CHECK fails.
+run_unless_with_input() {
+    local input=$1 check=()
+    shift
+    while [[ $1 != -- ]]; do check+=("$1"); shift; done
+    shift
+    printf '%s >/dev/null 2>&1 || %s | %s\n' "$(render "${check[@]}")" \
+        "$(render printf %s "$input")" "$(render "$@")"
+    if ((!DRY_RUN)); then "${check[@]}" >/dev/null 2>&1 || printf %s "$input" | "$@"; fi
+}
+
 # ---- settings ---------------------------------------------------------------------------
 
 MISSING=()
@@ -199,16 +225,16 @@ parse_url() {  # parse_url VAR
 }
 
 urldecode() {  # %XX escapes back to bytes; nothing else is touched (a backslash stays one)
-    local LC_ALL=C s=$1 out='' i
+    local LC_ALL=C s=$1 decoded='' i
     for ((i = 0; i < ${#s}; i++)); do
         if [[ ${s:i:1} == % && ${s:i+1:2} =~ ^[0-9A-Fa-f]{2}$ ]]; then
-            printf -v out '%s'"\\x${s:i+1:2}" "$out"
+            printf -v decoded '%s'"\\x${s:i+1:2}" "$decoded"
             i=$((i + 2))
         else
-            out+=${s:i:1}
+            decoded+=${s:i:1}
         fi
     done
-    printf '%s' "$out"
+    printf '%s' "$decoded"
 }
 
 # psql_for VAR: sets PSQL_URL (VAR's URL without its password: safe on a command line) and
@@ -256,8 +282,9 @@ if [[ -n ${SFTQ_FUNCTIONS_DIR:-} ]]; then FUNCTIONS_DIR=$(from_caller "$SFTQ_FUN
 API_LOGIN=${SFTQ_API_LOGIN_ROLE:-sftq_api_login}
 SCHEDULER_LOGIN=${SFTQ_SCHEDULER_LOGIN_ROLE:-sftq_scheduler_login}
 ANALYST_LOGIN=${SFTQ_ANALYST_LOGIN_ROLE:-sftq_analyst_login}
-ALL_SECRETS=(database-url api-database-url analytics-database-url fireworks-api-key tick-secret)
-ALL_FUNCTIONS=(jobs-api analytics scheduler-tick)
+ALL_SECRETS=(database-url api-database-url analytics-database-url fireworks-api-key tick-secret
+    webhooks-key)
+ALL_FUNCTIONS=(jobs-api analytics scheduler-tick webhook-deliver jobs-stream)
 
 check_db_url() {  # the migrator and pg_cron need a real session: not the transaction pooler
     need SUPABASE_DB_URL "the project's direct connection (Settings > Database > Connection string > Direct, port 5432)"
@@ -370,6 +397,35 @@ check_secrets() {
         check_tick_secret
         SECRET_VALUE[tick-secret]=${SFTQ_TICK_SECRET:-}
     fi
+    if selected webhooks-key; then
+        webhooks_key
+    fi
+}
+
+# The webhooks key seals endpoints' signing secrets in the database: a new key makes every
+# endpoint sealed under the old one unusable, so it is never replaced behind the operator's
+# back. Given (SFTQ_WEBHOOKS_KEY), it becomes the new version, like the other secrets; not
+# given, one is generated and stored only while Secret Manager holds no version yet.
+WEBHOOKS_KEY_GENERATED=0
+webhooks_key() {
+    local key
+    if [[ -n ${SFTQ_WEBHOOKS_KEY:-} ]]; then
+        local keys=()
+        IFS=$', \t\n' read -ra keys <<<"$SFTQ_WEBHOOKS_KEY"
+        for key in "${keys[@]}"; do
+            [[ -n $key ]] || continue
+            [[ ${#key} -ge 32 ]] ||
+                die "SFTQ_WEBHOOKS_KEY: each key must be at least 32 characters; generate one, e.g. openssl rand -base64 32"
+        done
+        mask "$SFTQ_WEBHOOKS_KEY" "${keys[@]}"
+        SECRET_VALUE[webhooks-key]=$SFTQ_WEBHOOKS_KEY
+        return
+    fi
+    # 32 random bytes, base64: what `openssl rand -base64 32` prints (44 characters).
+    key=$(head -c 32 /dev/urandom | base64 | tr -d '\n') || die "cannot generate the webhooks key"
+    mask "$key"
+    SECRET_VALUE[webhooks-key]=$key
+    WEBHOOKS_KEY_GENERATED=1
 }
 
 check_tick_secret() {  # scheduler-tick and cron/_tick_secrets.sql refuse shorter ones: fail first
@@ -377,6 +433,22 @@ check_tick_secret() {  # scheduler-tick and cron/_tick_secrets.sql refuse shorte
     [[ ${#SFTQ_TICK_SECRET} -ge 32 ]] ||
         die "SFTQ_TICK_SECRET is shorter than 32 characters; generate one, e.g. openssl rand -hex 32"
     mask "$SFTQ_TICK_SECRET"
+}
+
+# A stream must end itself (`reconnect`) before the platform cuts its request.
+check_stream_settings() {
+    selected jobs-stream || return 0
+    local max=${SFTQ_STREAM_MAX_SECONDS:-}
+    [[ -n $max ]] || return 0
+    [[ $max =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "SFTQ_STREAM_MAX_SECONDS must be a number of seconds"
+    ((${max%%.*} < STREAM_TIMEOUT_SECONDS - 60)) ||
+        die "SFTQ_STREAM_MAX_SECONDS ($max) must stay a minute under jobs-stream's request timeout (${STREAM_TIMEOUT_SECONDS} s, Cloud Run's most), so that streams end with \`reconnect\` instead of being cut"
+}
+
+allow_private_warning() {
+    if [[ -n ${SFTQ_WEBHOOKS_ALLOW_PRIVATE:-} ]] && (selected jobs-api || selected webhook-deliver); then
+        note "warning: SFTQ_WEBHOOKS_ALLOW_PRIVATE is set: webhooks may be sent over http:// and to private, loopback and metadata addresses (meant for sftq dev and tests)"
+    fi
 }
 
 REQUIREMENTS=''
@@ -390,6 +462,8 @@ check_services() {
     [[ -f Dockerfile ]] || MISSING+=("  Dockerfile does not exist")
     [[ -f docs/openapi.json ]] || MISSING+=("  docs/openapi.json does not exist (the image serves it)")
     [[ -d $FUNCTIONS_DIR/sftq_server ]] || MISSING+=("  $FUNCTIONS_DIR/sftq_server does not exist")
+    check_stream_settings
+    allow_private_warning
     command -v "$PYTHON" >/dev/null 2>&1 ||
         die "$PYTHON not found: set SFTQ_PYTHON to the Python that has finetune-queue[server] and granian installed"
     CONSTRAINTS=$(pin_requirements "${IMAGE_PACKAGES[@]}") ||
@@ -410,6 +484,8 @@ check_functions() {
         [[ -f $file ]] || MISSING+=("  $file (the $name function) does not exist")
     done
     [[ -d $FUNCTIONS_DIR/sftq_server ]] || MISSING+=("  $FUNCTIONS_DIR/sftq_server does not exist")
+    check_stream_settings
+    allow_private_warning
     command -v "$PYTHON" >/dev/null 2>&1 ||
         die "$PYTHON not found: set SFTQ_PYTHON to the Python that has finetune-queue[server] installed"
     REQUIREMENTS=$(pin_requirements "${FUNCTION_PACKAGES[@]}") ||
@@ -420,12 +496,14 @@ check_cron() {
     check_db_url
     need SFTQ_TICK_SECRET "the bearer secret of scheduler-tick, the same value as in Secret Manager"
     check_tick_secret
-    if [[ -z ${SFTQ_TICK_URL:-}${SUPABASE_URL:-} ]]; then
-        need GCP_PROJECT "the Google Cloud project id (or set SUPABASE_URL or SFTQ_TICK_URL)"
-        need GCP_REGION "the functions' region (or set SUPABASE_URL or SFTQ_TICK_URL)"
+    if [[ -z ${SFTQ_TICK_URL:-}${SUPABASE_URL:-} || -z ${SFTQ_WEBHOOKS_DELIVER_URL:-}${SUPABASE_URL:-} ]]
+    then
+        need GCP_PROJECT "the Google Cloud project id (or set SUPABASE_URL, or SFTQ_TICK_URL and SFTQ_WEBHOOKS_DELIVER_URL)"
+        need GCP_REGION "the functions' region (or set SUPABASE_URL, or SFTQ_TICK_URL and SFTQ_WEBHOOKS_DELIVER_URL)"
     fi
     need_tool "$PSQL" "the PostgreSQL client"
     need_file cron/schedule_tick.sql
+    need_file cron/schedule_webhooks.sql
     need_file cron/check_net_private.sql
 }
 
@@ -433,6 +511,7 @@ check_unschedule() {
     check_db_url
     need_tool "$PSQL" "the PostgreSQL client"
     need_file cron/unschedule_tick.sql
+    need_file cron/unschedule_webhooks.sql
 }
 
 # ---- steps ------------------------------------------------------------------------------
@@ -485,8 +564,15 @@ do_secrets() {
         name=$SQFX$short
         run_unless "$GCLOUD" secrets describe "$name" --project="$GCP_PROJECT" --quiet -- \
             "$GCLOUD" secrets create "$name" --project="$GCP_PROJECT" --replication-policy=automatic --quiet
-        run_with_input "${SECRET_VALUE[$short]}" \
-            "$GCLOUD" secrets versions add "$name" --project="$GCP_PROJECT" --data-file=- --quiet
+        if [[ $short == webhooks-key ]] && ((WEBHOOKS_KEY_GENERATED)); then
+            # Generated: stored only when there is no version yet (see webhooks_key).
+            run_unless_with_input "${SECRET_VALUE[$short]}" \
+                "$GCLOUD" secrets versions describe latest --secret="$name" --project="$GCP_PROJECT" --quiet -- \
+                "$GCLOUD" secrets versions add "$name" --project="$GCP_PROJECT" --data-file=- --quiet
+        else
+            run_with_input "${SECRET_VALUE[$short]}" \
+                "$GCLOUD" secrets versions add "$name" --project="$GCP_PROJECT" --data-file=- --quiet
+        fi
         if [[ -n ${GCP_SERVICE_ACCOUNT:-} ]]; then
             run "$GCLOUD" secrets add-iam-policy-binding "$name" --project="$GCP_PROJECT" \
                 --member="serviceAccount:$GCP_SERVICE_ACCOUNT" --role=roles/secretmanager.secretAccessor --quiet
@@ -499,6 +585,8 @@ entry_file() {
         jobs-api) echo jobs_api.py ;;
         analytics) echo analytics_api.py ;;
         scheduler-tick) echo scheduler_tick.py ;;
+        webhook-deliver) echo webhook_deliver.py ;;
+        jobs-stream) echo jobs_stream.py ;;
     esac
 }
 entry_point() {
@@ -506,44 +594,74 @@ entry_point() {
         jobs-api) echo jobs_api ;;
         analytics) echo analytics ;;
         scheduler-tick) echo scheduler_tick ;;
+        webhook-deliver) echo webhook_deliver ;;
+        jobs-stream) echo jobs_stream ;;
     esac
 }
 # Only what each function reads: the API functions never see the tick secret, analytics
-# never sees the Fireworks key, and no function connects as the database owner.
+# never sees the Fireworks key, the webhooks key reaches only the two functions that seal or
+# open signing secrets, and no function connects as the database owner. webhook-deliver
+# claims deliveries with the scheduler's procedures (its login); jobs-stream authenticates
+# callers' keys with the API's.
 function_env() {
     case $1 in
         jobs-api) echo FIREWORKS_ACCOUNT_ID FIREWORKS_BASE_URL FIREWORKS_QUOTA_ID FIREWORKS_TIMEOUT \
             SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS SFTQ_MAX_BODY_BYTES \
             SFTQ_QUEUE_TIMEOUT_SECONDS SFTQ_USAGE_GRACE_SECONDS SFTQ_TICK_INTERVAL_SECONDS \
-            SFTQ_CAPACITY_SHOW_USERS ;;
+            SFTQ_CAPACITY_SHOW_USERS SFTQ_WEBHOOKS_ALLOW_PRIVATE ;;
         analytics) echo SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS \
             SFTQ_USAGE_GRACE_SECONDS SFTQ_TICK_INTERVAL_SECONDS ;;
         scheduler-tick) echo FIREWORKS_ACCOUNT_ID FIREWORKS_BASE_URL FIREWORKS_QUOTA_ID FIREWORKS_TIMEOUT \
             SFTQ_USAGE_GRACE_SECONDS SFTQ_TICK_LEASE_SECONDS SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS \
             SFTQ_SUBMIT_MAX_ATTEMPTS SFTQ_SUBMIT_MAX_SECONDS SFTQ_SUBMIT_BACKOFF_SECONDS \
             SFTQ_RECONCILE_GET_LIMIT ;;
+        webhook-deliver) echo SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS SFTQ_WEBHOOKS_ALLOW_PRIVATE ;;
+        jobs-stream) echo SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS SFTQ_STREAM_HEARTBEAT_SECONDS \
+            SFTQ_STREAM_MAX_SECONDS SFTQ_STREAM_POLL_MS ;;
     esac
 }
 function_secrets() {
     case $1 in
-        jobs-api) echo DATABASE_URL=api-database-url FIREWORKS_API_KEY=fireworks-api-key ;;
+        jobs-api) echo DATABASE_URL=api-database-url FIREWORKS_API_KEY=fireworks-api-key \
+            SFTQ_WEBHOOKS_KEY=webhooks-key ;;
         analytics) echo DATABASE_URL=analytics-database-url ;;
         scheduler-tick) echo DATABASE_URL=database-url FIREWORKS_API_KEY=fireworks-api-key \
             SFTQ_TICK_SECRET=tick-secret ;;
+        webhook-deliver) echo DATABASE_URL=database-url SFTQ_TICK_SECRET=tick-secret \
+            SFTQ_WEBHOOKS_KEY=webhooks-key ;;
+        jobs-stream) echo DATABASE_URL=api-database-url ;;
     esac
 }
 # A tick outliving its lease is harmless (the next one takes over), but a kill before the
-# lease ends keeps two ticks from overlapping in the common case.
+# lease ends keeps two ticks from overlapping in the common case. A delivery pass stops
+# starting attempts after 20 s, and an attempt takes at most 10 s. A stream ends itself after
+# SFTQ_STREAM_MAX_SECONDS (3300 by default) with `reconnect`: the request timeout must be
+# longer, and 3600 s is the most Cloud Run allows.
+STREAM_TIMEOUT_SECONDS=3600
 function_timeout() {
     case $1 in
         scheduler-tick) echo 110s ;;
+        jobs-stream) echo "${STREAM_TIMEOUT_SECONDS}s" ;;
         *) echo 60s ;;
     esac
 }
+# Sizing beyond the defaults, as `gcloud functions deploy` flags. A delivery pass mostly
+# waits on receivers, and overlapping passes share the work (SKIP LOCKED), so a few share an
+# instance. A stream is an idle connection, a timer and a share of one poll per second for
+# all streams of the instance (docs/performance.md: 1,000 streams, 126 MiB, 0.7% of a core):
+# one instance holds a thousand.
+function_sizing() {
+    case $1 in
+        webhook-deliver) echo --memory=512Mi --cpu=1 --concurrency=4 ;;
+        jobs-stream) echo --memory=512Mi --cpu=1 --concurrency=1000 ;;
+    esac
+}
 
-FUNCTION_PACKAGES=(functions-framework 'psycopg[binary]' psycopg-pool pydantic httpx werkzeug)
+FUNCTION_PACKAGES=(functions-framework 'psycopg[binary]' psycopg-pool pydantic httpx werkzeug
+    cryptography)
 # The image's pins are pip constraints, which take no extras: psycopg[binary] is two names.
-IMAGE_PACKAGES=(psycopg psycopg-binary psycopg-pool pydantic httpx werkzeug granian)
+IMAGE_PACKAGES=(psycopg psycopg-binary psycopg-pool pydantic httpx werkzeug granian uvicorn
+    cryptography)
 CONSTRAINTS=''
 pin_requirements() {  # pin_requirements PKG...: name==version as installed beside the tested code
     "$PYTHON" - "$@" 2>&1 <<'PY'
@@ -596,8 +714,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "functions"))
 
-from ${entry%.py} import $(entry_point "$name")  # noqa: E402,F401
 PY
+    if [[ $name == jobs-stream ]]; then
+        # functions-framework serves a target registered with functions_framework.aio.http
+        # on its ASGI stack (Starlette under uvicorn workers), as `--asgi` would locally.
+        cat >>"$dir/main.py" <<PY
+import functions_framework.aio  # noqa: E402
+
+from ${entry%.py} import $(entry_point "$name") as _asgi_target  # noqa: E402
+
+$(entry_point "$name") = functions_framework.aio.http(_asgi_target)
+PY
+    else
+        printf 'from %s import %s  # noqa: E402,F401\n' "${entry%.py}" "$(entry_point "$name")" \
+            >>"$dir/main.py"
+    fi
     {
         printf '# Generated by %s: the versions installed where it ran.\n' "$PROG"
         printf '%s\n' "$REQUIREMENTS"
@@ -633,13 +764,15 @@ settings_args() {
 
 do_functions() {
     use_build_dir
-    local name
+    local name sizing=()
     for name in "${ALL_FUNCTIONS[@]}"; do
         selected "$name" || continue
         stage_function "$name"
+        read -ra sizing <<<"$(function_sizing "$name")"
         ARGS=("$GCLOUD" functions deploy "$name" --project="$GCP_PROJECT" --region="$GCP_REGION"
             --gen2 --runtime=python311 --source="$BUILD_DIR/$name" --entry-point="$(entry_point "$name")"
-            --trigger-http --allow-unauthenticated --timeout="$(function_timeout "$name")")
+            --trigger-http --allow-unauthenticated --timeout="$(function_timeout "$name")"
+            "${sizing[@]}")
         if [[ -n ${GCP_SERVICE_ACCOUNT:-} ]]; then ARGS+=(--service-account="$GCP_SERVICE_ACCOUNT"); fi
         settings_args "$name"
         ARGS+=(--quiet)
@@ -679,12 +812,38 @@ stage_image() {
     note "staged the image's build context in $dir"
 }
 
-# One image, three Cloud Run services: each serves all three paths (the gateway), but gets
-# only its own function's settings and secrets, so only its own path has what it needs.
+# How a service runs the image. jobs-api, analytics and scheduler-tick run its CMD (the
+# gateway under granian: each serves all three paths, but gets only its own function's
+# settings and secrets, so only its own path has what it needs). webhook-deliver and
+# jobs-stream run a server of their own from the same image:
+# - webhook-deliver: the WSGI app of functions/webhook_deliver.py under granian; a few passes
+#   at once, each mostly waiting on receivers;
+# - jobs-stream: the ASGI app of functions/jobs_stream.py under uvicorn (the server the
+#   stream's figures were measured on), one process, so one poll per second serves every
+#   stream of the instance; shutdown gives open streams 8 of Cloud Run's 10 s, and clients
+#   resume with Last-Event-ID.
+service_command() {
+    case $1 in
+        webhook-deliver) echo --command=granian \
+            --args=--interface,wsgi,--host,0.0.0.0,--port,8080,--workers,1,--blocking-threads,4,--no-ws,--factory,webhook_deliver:create_app ;;
+        jobs-stream) echo --command=uvicorn \
+            --args=jobs_stream:asgi_app,--factory,--host,0.0.0.0,--port,8080,--no-access-log,--ws,none,--lifespan,on,--timeout-graceful-shutdown,8 ;;
+    esac
+}
+service_sizing() {
+    case $1 in
+        webhook-deliver) echo --cpu=1 --memory=512Mi --concurrency=4 ;;
+        jobs-stream) echo --cpu=1 --memory=512Mi --concurrency=1000 ;;
+        # 2 CPUs for granian's 2 processes x 2 threads, as measured (docs/performance.md).
+        *) echo --cpu=2 --memory=1Gi --concurrency=16 ;;
+    esac
+}
+
+# One image, one Cloud Run service per function.
 do_services() {
     use_build_dir
     stage_image
-    local image name
+    local image name sizing=() command=()
     image=$GCP_REGION-docker.pkg.dev/$GCP_PROJECT/sftq/sftq:$(image_tag)
     run_unless "$GCLOUD" artifacts repositories describe sftq --project="$GCP_PROJECT" \
         --location="$GCP_REGION" --quiet -- \
@@ -694,10 +853,11 @@ do_services() {
         --tag="$image" --quiet
     for name in "${ALL_FUNCTIONS[@]}"; do
         selected "$name" || continue
-        # 2 CPUs for granian's 2 processes x 2 threads, as measured (docs/performance.md).
+        read -ra sizing <<<"$(service_sizing "$name")"
+        read -ra command <<<"$(service_command "$name")"
         ARGS=("$GCLOUD" run deploy "sftq-$name" --project="$GCP_PROJECT" --region="$GCP_REGION"
-            --image="$image" --port=8080 --cpu=2 --memory=1Gi --concurrency=16
-            --timeout="$(function_timeout "$name")" --allow-unauthenticated)
+            --image="$image" --port=8080 "${sizing[@]}"
+            --timeout="$(function_timeout "$name")" "${command[@]}" --allow-unauthenticated)
         if [[ -n ${GCP_SERVICE_ACCOUNT:-} ]]; then ARGS+=(--service-account="$GCP_SERVICE_ACCOUNT"); fi
         settings_args "$name"
         ARGS+=(--quiet)
@@ -715,17 +875,32 @@ tick_url() {
     fi
 }
 
+deliver_url() {
+    if [[ -n ${SFTQ_WEBHOOKS_DELIVER_URL:-} ]]; then
+        printf '%s' "$SFTQ_WEBHOOKS_DELIVER_URL"
+    elif [[ -n ${SUPABASE_URL:-} ]]; then
+        printf '%s/functions/v1/webhook-deliver' "${SUPABASE_URL%/}"
+    else
+        printf 'https://%s-%s.cloudfunctions.net/webhook-deliver' "$GCP_REGION" "$GCP_PROJECT"
+    fi
+}
+
+# Both jobs carry two-minute tokens of the tick secret, never the secret (cron/_tick_secrets.sql),
+# and both scripts run as this one role, which keeps pg_net to itself (cron/_net_private.sql).
 do_cron() {
     psql_for SUPABASE_DB_URL
-    # The secret goes on psql's stdin; the script hands it to Vault as COPY data.
+    # The secret goes on psql's stdin; the scripts hand it to Vault as COPY data.
     run_cmd --stdin "$SFTQ_TICK_SECRET" "${PSQL_ENV[@]}" -- "$PSQL" "$PSQL_URL" -X -q -v ON_ERROR_STOP=1 \
         -v "tick_url=$(tick_url)" -f cron/schedule_tick.sql
+    run_cmd --stdin "$SFTQ_TICK_SECRET" "${PSQL_ENV[@]}" -- "$PSQL" "$PSQL_URL" -X -q -v ON_ERROR_STOP=1 \
+        -v "deliver_url=$(deliver_url)" -f cron/schedule_webhooks.sql
     run_cmd "${PSQL_ENV[@]}" -- "$PSQL" "$PSQL_URL" -X -q -v ON_ERROR_STOP=1 -f cron/check_net_private.sql
 }
 
 do_unschedule() {
     psql_for SUPABASE_DB_URL
     run_cmd "${PSQL_ENV[@]}" -- "$PSQL" "$PSQL_URL" -X -q -v ON_ERROR_STOP=1 -f cron/unschedule_tick.sql
+    run_cmd "${PSQL_ENV[@]}" -- "$PSQL" "$PSQL_URL" -X -q -v ON_ERROR_STOP=1 -f cron/unschedule_webhooks.sql
 }
 
 # ---- main -------------------------------------------------------------------------------

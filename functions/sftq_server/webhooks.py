@@ -755,9 +755,12 @@ class DeliverApp:
         if not secret:
             return reply(503, {"error": "SFTQ_TICK_SECRET is not set: refusing to deliver "
                                         "without it", "code": "not_configured"})
+        # The same two bearer forms as scheduler-tick: the secret, or pg_cron's two-minute
+        # token of it (cron/schedule_webhooks.sql never sends the secret through pg_net).
+        from .tick_http import bearer_ok
+
         scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode(), secret.encode()):
+        if scheme.lower() != "bearer" or not bearer_ok(token.strip(), secret, time.time()):
             return reply(401, {"error": "missing or wrong secret (Authorization: Bearer)",
                                "code": "unauthorized"}, {"WWW-Authenticate": "Bearer"})
         started = time.monotonic()

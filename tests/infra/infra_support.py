@@ -6,13 +6,18 @@ in test_deploy_db.py, the private PostgreSQL cluster on loopback)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
-from collections.abc import Callable
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +32,9 @@ FIREWORKS_KEY = "fw_fake_key_5d41402abc4b2a76"
 TICK_SECRET = "tick-secret-e99a18c428cb38d5-0123456789"
 SCHEDULER_DB_PASSWORD = "scheduler-pass-0123456789"
 ACCESS_TOKEN = "sbp_fake_token_0123456789abcdef"
+# Two keys (the first seals): what a rotation in progress looks like.
+WEBHOOKS_KEY = ("whk-new-5f0c2b9e1d7a4c3b8e6f0a1d2c3b4a59,"
+                "whk-old-9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d")
 
 SETTINGS: dict[str, str] = {
     "SUPABASE_DB_URL": f"postgresql://postgres:{DB_PASSWORD}@db.abcdefgh.supabase.co:5432/postgres",
@@ -37,19 +45,22 @@ SETTINGS: dict[str, str] = {
     "FIREWORKS_API_KEY": FIREWORKS_KEY,
     "FIREWORKS_ACCOUNT_ID": "acme",
     "SFTQ_TICK_SECRET": TICK_SECRET,
+    "SFTQ_WEBHOOKS_KEY": WEBHOOKS_KEY,
     "GCP_PROJECT": "sftq-prod",
     "GCP_REGION": "europe-west1",
 }
 API_DB_PASSWORD_IN_URL = "api%20p%40ss%3Aw%2Frd%230123456789"
 SECRETS = (DB_PASSWORD, POOLER_PASSWORD, API_DB_PASSWORD, API_DB_PASSWORD_IN_URL,
-           ANALYST_DB_PASSWORD, FIREWORKS_KEY, TICK_SECRET, SCHEDULER_DB_PASSWORD, ACCESS_TOKEN)
+           ANALYST_DB_PASSWORD, FIREWORKS_KEY, TICK_SECRET, SCHEDULER_DB_PASSWORD, ACCESS_TOKEN,
+           WEBHOOKS_KEY, *WEBHOOKS_KEY.split(","))
 # What a child may find in its environment (never on its command line).
 ENV_NAMES = ("DATABASE_URL", "PGPASSWORD", "SFTQ_SQL_DIR")
 
 FAKE_TOOL = """#!{python}
 # Stand-in for {name}: records the call (argv, stdin, and the variables a child may get
 # through its environment) and succeeds, except `gcloud secrets describe` of a secret named
-# in FAKE_MISSING_SECRETS, which fails as if it did not exist; curl answers FAKE_CURL_ANSWER.
+# in FAKE_MISSING_SECRETS, which fails as if it did not exist (and so does
+# `gcloud secrets versions describe latest --secret=NAME`); curl answers FAKE_CURL_ANSWER.
 import json, os, sys
 name = os.path.basename(sys.argv[0])
 data = sys.stdin.read() if not sys.stdin.isatty() else ""
@@ -59,6 +70,9 @@ with open(os.environ["FAKE_LOG"], "a", encoding="utf-8") as f:
     f.write(json.dumps({{"argv": [name, *sys.argv[1:]], "stdin": data, "env": env}}) + "\\n")
 missing = os.environ.get("FAKE_MISSING_SECRETS", "").split(",")
 if name == "gcloud" and sys.argv[1:3] == ["secrets", "describe"] and sys.argv[3] in missing:
+    sys.exit(1)
+if name == "gcloud" and sys.argv[1:4] == ["secrets", "versions", "describe"] and any(
+        a.startswith("--secret=") and a[len("--secret="):] in missing for a in sys.argv):
     sys.exit(1)
 if name == "curl":
     print(os.environ.get("FAKE_CURL_ANSWER", "{{}}"))
@@ -88,13 +102,15 @@ def mask(text: str) -> str:
 
 def printed_commands(line: str) -> list[tuple[list[str], str | None, dict[str, str]]]:
     """The commands one printed line runs, each with what it gets on stdin (or None) and in
-    its environment: `[NAME=V ...] A`, `printf %s VALUE | [NAME=V ...] A`, or
-    `A >/dev/null 2>&1 || B`."""
+    its environment: `[NAME=V ...] A`, `printf %s VALUE | [NAME=V ...] A`,
+    `A >/dev/null 2>&1 || B`, or `A >/dev/null 2>&1 || printf %s VALUE | B`."""
     words = shlex.split(line)
     segments: list[list[str]] = [[]]
+    separators: list[str] = []
     for w in words:
         if w in ("|", "||"):
             segments.append([])
+            separators.append(w)
         elif w not in (">/dev/null", "2>&1"):
             segments[-1].append(w)
 
@@ -105,16 +121,97 @@ def printed_commands(line: str) -> list[tuple[list[str], str | None, dict[str, s
             env[name] = value
         return seg, env
 
-    if "|" in words:
-        (printf, fmt, value), piped = segments
-        assert (printf, fmt) == ("printf", "%s")
-        cmd, env = split_env(piped)
-        return [(cmd, value, env)]
     out: list[tuple[list[str], str | None, dict[str, str]]] = []
-    for seg in segments:
+    stdin: str | None = None
+    for i, seg in enumerate(segments):
+        if i < len(separators) and separators[i] == "|":  # printf %s VALUE | the next one
+            printf, fmt, stdin = seg
+            assert (printf, fmt) == ("printf", "%s")
+            continue
         cmd, env = split_env(seg)
-        out.append((cmd, None, env))
+        out.append((cmd, stdin, env))
+        stdin = None
     return out
+
+
+# ---- servers run as a deployment runs them, and the stream they serve ----------------------
+
+@dataclass
+class Frame:
+    id: str | None
+    event: str
+    data: Any
+
+
+def sse_frames(resp: httpx.Response) -> Iterator[Frame]:
+    """Server-sent events as they arrive (comments, such as heartbeats, skipped)."""
+    fields: dict[str, str] = {}
+    for line in resp.iter_lines():
+        if line.startswith(":"):
+            continue
+        if line:
+            name, _, value = line.partition(":")
+            fields[name] = value.removeprefix(" ")
+            continue
+        if fields:
+            yield Frame(fields.get("id"), fields.get("event", "message"),
+                        json.loads(fields.get("data") or "null"))
+        fields = {}
+
+
+class Served:
+    """A server process started with `argv` in `cwd`, in a session of its own, answering on
+    127.0.0.1:`port`; stop() sends SIGTERM (then SIGKILL) to the whole group."""
+
+    def __init__(self, argv: list[str], port: int, env: dict[str, str], cwd: Path = ROOT,
+                 probe: str = "/") -> None:
+        full = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+                **env}
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=full, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.url = f"http://127.0.0.1:{port}"
+        self.output = b""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(self.url + probe, timeout=2)
+                return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"{argv[0]} did not answer: {self.output[-3000:]!r}")
+            time.sleep(0.2)
+
+    def stop(self, timeout: float = 15) -> float:
+        """Stop it; how long it took to exit after SIGTERM."""
+        started = time.monotonic()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            out, _ = self.proc.communicate()
+        self.output = out or b""
+        return time.monotonic() - started
+
+
+def user_key_and_job(url: str, name: str = "streamer") -> tuple[int, str, str]:
+    """A user, one of their keys, and a QUEUED job of theirs, made through the procedures."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        uid = conn.execute("SELECT sftq.create_user(%s, 1)", (name,)).fetchone()
+        key = conn.execute("SELECT key FROM sftq.issue_key(%s)", (name,)).fetchone()
+        assert uid is not None and key is not None
+        job = conn.execute("SELECT id FROM sftq.enqueue(%s, 'SFT', '{}'::jsonb, 'streamed', 4)",
+                           (uid[0],)).fetchone()
+        assert job is not None
+        return int(uid[0]), str(key[0]), str(job[0])
+
+
+def cancel(url: str, user_id: int, job_id: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT * FROM sftq.cancel(%s, %s)", (user_id, job_id))
 
 
 # ---- SQL blocks in the docs and a small data set to run them on ---------------------------

@@ -4,6 +4,7 @@ here as it would run in the image (granian, PYTHONPATH=functions) against a migr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from infra_support import ROOT
+from infra_support import ROOT, SETTINGS, Runner, Served, cancel, sse_frames, user_key_and_job
 
 from sftq_server.pgcluster import free_port
 
@@ -91,7 +93,8 @@ def test_the_image_is_built_from_the_right_things() -> None:
         project["optional-dependencies"]["bench"]
     floors = dict(re.match(r"([a-z][a-z0-9_-]*(?:\[[a-z]+\])?)(.*)", d).groups()  # type: ignore[union-attr]
                   for d in declared if not d.startswith("finetune-queue"))
-    for package in ("psycopg[binary]", "psycopg-pool", "pydantic", "httpx", "werkzeug", "granian"):
+    for package in ("psycopg[binary]", "psycopg-pool", "pydantic", "httpx", "werkzeug", "granian",
+                    "uvicorn", "cryptography"):
         assert wanted.get(package) == floors[package], package
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "tests", "**/__pycache__"} <= set(ignored)
@@ -177,3 +180,104 @@ def test_the_documented_docker_command_matches(granian_cmd: list[str]) -> None:
     doc = (ROOT / "docs" / "operations.md").read_text()
     shown = " ".join(shlex.quote(a) for a in cmd())
     assert shown in doc, shown
+
+
+# ---- the two services that run a command of their own (infra/deploy.sh services) ------------
+
+def service_argv(deploy: Runner, tmp_path: Path, name: str, port: int) -> list[str]:
+    """The server command deploy.sh gives Cloud Run for service `name` (--command, --args), as
+    it runs in the image, with this environment's binary and a loopback address and port."""
+    env = SETTINGS | {"SFTQ_BUILD_DIR": str(tmp_path / "build"), "SFTQ_IMAGE_TAG": "t"}
+    r = deploy("--dry-run", "services", "--only", name, env=env)
+    assert r.code == 0, r.stderr
+    (line,) = [x for x in r.lines if x.startswith(f"gcloud run deploy sftq-{name} ")]
+    words = shlex.split(line)
+    command = next(w for w in words if w.startswith("--command="))[len("--command="):]
+    argv = [command, *next(w for w in words if w.startswith("--args="))[len("--args="):].split(",")]
+    binary = Path(sys.executable).parent / command
+    assert binary.exists(), f"{command} is not installed beside this Python"
+    argv[0] = str(binary)
+    assert option(argv, "--host") == "0.0.0.0" and option(argv, "--port") == "8080"
+    argv[argv.index("--host") + 1] = "127.0.0.1"
+    argv[argv.index("--port") + 1] = str(port)
+    return argv
+
+
+def test_the_stream_service_streams_and_stops_within_cloud_runs_grace(
+        deploy: Runner, tmp_path: Path, db_url: str) -> None:
+    port = free_port()
+    argv = service_argv(deploy, tmp_path, "jobs-stream", port)
+    assert Path(argv[0]).name == "uvicorn" and "jobs_stream:asgi_app" in argv
+    user, key, job = user_key_and_job(db_url)
+    server = Served(argv, port, {"PYTHONPATH": str(ROOT / "functions"), "DATABASE_URL": db_url,
+                                 "SFTQ_STREAM_POLL_MS": "100",
+                                 "SFTQ_STREAM_HEARTBEAT_SECONDS": "1"})
+    auth = {"Authorization": f"Bearer {key}"}
+    try:
+        # The Edge proxy forwards the path below jobs-api; the function's own path works too.
+        for base in (server.url, f"{server.url}/functions/v1/jobs-api"):
+            denied = httpx.get(f"{base}/jobs/{job}/stream", timeout=10,
+                               headers={"Authorization": "Bearer nope"})
+            assert denied.status_code == 401 and denied.json()["code"] == "unauthorized"
+        with httpx.stream("GET", f"{server.url}/jobs/{job}/stream", headers=auth,
+                          timeout=httpx.Timeout(20.0)) as resp:
+            assert resp.status_code == 200
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            live = sse_frames(resp)
+            assert (next(live).data["state"]) == "QUEUED"
+            cancel(db_url, user, job)
+            rest = [(f.event, f.data.get("state")) for f in live]
+        assert rest == [("status", "CANCELLED"), ("end", None)]
+
+        # SIGTERM (Cloud Run gives 10 s) with a stream open: it closes and the server exits.
+        with httpx.stream("GET", f"{server.url}/jobs/stream", headers=auth,
+                          timeout=httpx.Timeout(20.0)) as resp:
+            assert resp.status_code == 200
+            closed = threading.Event()
+
+            def drain() -> None:
+                with contextlib.suppress(httpx.HTTPError):
+                    for _ in resp.iter_raw():
+                        pass
+                closed.set()
+
+            threading.Thread(target=drain, daemon=True).start()
+            took = server.stop()
+            assert closed.wait(5), "the open stream was not closed"
+        assert took < 10, f"{took:.1f} s to stop: Cloud Run kills at 10 s"
+    finally:
+        server.stop()
+    assert b"Traceback" not in server.output, server.output.decode()
+
+
+def test_the_delivery_service_checks_the_tick_token(deploy: Runner, tmp_path: Path,
+                                                    db_url: str) -> None:
+    from sftq_server.tick_http import tick_token
+
+    port = free_port()
+    argv = service_argv(deploy, tmp_path, "webhook-deliver", port)
+    assert Path(argv[0]).name == "granian" and "webhook_deliver:create_app" in argv
+    env = {"PYTHONPATH": str(ROOT / "functions"), "DATABASE_URL": db_url,
+           "SFTQ_TICK_SECRET": TICK_SECRET, "SFTQ_WEBHOOKS_KEY": "k" * 44}
+    server = Served(argv, port, env)
+    try:
+        # pg_cron's token (what cron/schedule_webhooks.sql sends), and the secret itself.
+        for bearer in (tick_token(TICK_SECRET), TICK_SECRET):
+            ran = httpx.post(server.url, headers={"Authorization": f"Bearer {bearer}"},
+                             timeout=30)
+            assert ran.status_code == 200, ran.text
+            assert ran.json()["attempts"] == 0
+        for bearer in ("wrong", tick_token(TICK_SECRET, time.time() - 600)):
+            refused = httpx.post(server.url, headers={"Authorization": f"Bearer {bearer}"},
+                                 timeout=10)
+            assert refused.status_code == 401 and refused.json()["code"] == "unauthorized"
+        assert httpx.get(server.url, timeout=10).status_code == 405
+    finally:
+        server.stop()
+    # As scheduler-tick does, it refuses to start with a short secret.
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, timeout=60, check=False,
+                          env={"PATH": os.environ["PATH"], "LANG": "C.UTF-8",
+                               **env, "SFTQ_TICK_SECRET": "short-secret-0123456789"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert b"at least 32" in out and b"short-secret-0123456789" not in out, out[-2000:]

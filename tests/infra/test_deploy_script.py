@@ -12,6 +12,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 from infra_support import (
@@ -25,10 +26,17 @@ from infra_support import (
     SECRETS,
     SETTINGS,
     TICK_SECRET,
+    WEBHOOKS_KEY,
     Runner,
+    Served,
+    cancel,
     mask,
     printed_commands,
+    sse_frames,
+    user_key_and_job,
 )
+
+from sftq_server.pgcluster import free_port
 
 DB = "'postgresql://postgres:***@db.abcdefgh.supabase.co:5432/postgres'"
 # psql gets the URL without its password, and the password in its environment.
@@ -42,7 +50,9 @@ API_URL = ("postgresql://sftq_api_login.abcdefgh:api%20p%40ss%3Aw%2Frd%230123456
            "@aws-0-eu-west-1.pooler.supabase.com:6543/postgres")
 FUNCTIONS = {"jobs-api": ("jobs_api.py", "jobs_api"),
              "analytics": ("analytics_api.py", "analytics"),
-             "scheduler-tick": ("scheduler_tick.py", "scheduler_tick")}
+             "scheduler-tick": ("scheduler_tick.py", "scheduler_tick"),
+             "webhook-deliver": ("webhook_deliver.py", "webhook_deliver"),
+             "jobs-stream": ("jobs_stream.py", "jobs_stream")}
 
 
 def test_scripts_parse() -> None:
@@ -154,6 +164,7 @@ def test_secrets_dry_run(deploy: Runner) -> None:
         *_secret_lines("analytics-database-url", api, SA),
         *_secret_lines("fireworks-api-key", "'***'", SA),
         *_secret_lines("tick-secret", "'***'", SA),
+        *_secret_lines("webhooks-key", "'***'", SA),
     ]
     assert r.calls == []
 
@@ -179,6 +190,45 @@ def test_secrets_only_one_needs_only_its_settings(deploy: Runner) -> None:
     r = deploy("--dry-run", "secrets", "db", "--only", "tick-secret", env=env)
     assert r.code == 1
     assert "--only goes with a single secrets, services or functions step" in r.stderr
+
+
+def test_the_webhooks_key_is_generated_once_and_never_replaced(deploy: Runner) -> None:
+    """Without SFTQ_WEBHOOKS_KEY a key is made, and stored only while Secret Manager holds no
+    version: a new key would leave every endpoint sealed under the old one unusable."""
+    env = {"GCP_PROJECT": "sftq-prod"}
+    guarded = ("gcloud secrets versions describe latest --secret=sftq-webhooks-key "
+               "--project=sftq-prod --quiet >/dev/null 2>&1 || printf %s '***' | gcloud secrets "
+               "versions add sftq-webhooks-key --project=sftq-prod --data-file=- --quiet")
+    r = deploy("--dry-run", "secrets", "--only", "webhooks-key", env=env)
+    assert r.code == 0, r.stderr
+    assert r.lines == [_secret_lines("webhooks-key", "'***'")[0], guarded]
+
+    # A new project: the secret and its first version are made, the key on stdin only.
+    r = deploy("secrets", "--only", "webhooks-key", env=env, missing_secrets="sftq-webhooks-key")
+    assert r.code == 0, r.stderr
+    added = [c for c in r.calls if c["argv"][1:4] == ["secrets", "versions", "add"]]
+    assert len(added) == 1
+    key = added[0]["stdin"]
+    assert re.fullmatch(r"[A-Za-z0-9+/]{43}=", key), key  # 32 random bytes, base64
+    assert key not in r.stdout + r.stderr
+    assert all(key not in " ".join(c["argv"]) for c in r.calls)
+    assert any(c["argv"][1:3] == ["secrets", "create"] for c in r.calls)
+    # The key exists: a later run keeps it.
+    r = deploy("secrets", "--only", "webhooks-key", env=env)
+    assert r.code == 0, r.stderr
+    assert not any(c["argv"][1:4] == ["secrets", "versions", "add"] for c in r.calls)
+    assert [c["argv"][1:4] for c in r.calls] == [["secrets", "describe", "sftq-webhooks-key"],
+                                                 ["secrets", "versions", "describe"]]
+
+    # Given, it is a new version like any other secret; each key must be long enough.
+    r = deploy("--dry-run", "secrets", "--only", "webhooks-key",
+               env=env | {"SFTQ_WEBHOOKS_KEY": WEBHOOKS_KEY})
+    assert r.code == 0 and r.lines == _secret_lines("webhooks-key", "'***'")
+    for weak in ("short", WEBHOOKS_KEY + ",short-key"):
+        r = deploy("--dry-run", "secrets", "--only", "webhooks-key",
+                   env=env | {"SFTQ_WEBHOOKS_KEY": weak})
+        assert r.code == 1 and "each key must be at least 32 characters" in r.stderr
+        assert r.stdout == ""
 
 
 def test_api_database_url_is_never_the_owner(deploy: Runner) -> None:
@@ -212,12 +262,13 @@ def test_the_scheduler_connects_as_its_own_login_never_the_owner(deploy: Runner)
 
 # ---- functions --------------------------------------------------------------------------
 
-def _deploy_line(name: str, build: Path, env_vars: str, secrets: str, timeout: str = "60s") -> str:
+def _deploy_line(name: str, build: Path, env_vars: str, secrets: str, timeout: str = "60s",
+                 sizing: str = "") -> str:
     entry = FUNCTIONS[name][1]
     return (f"gcloud functions deploy {name} --project=sftq-prod --region=europe-west1 --gen2 "
             f"--runtime=python311 --source={build}/{name} --entry-point={entry} --trigger-http "
-            f"--allow-unauthenticated --timeout={timeout} {env_vars} --set-secrets={secrets} "
-            "--quiet")
+            f"--allow-unauthenticated --timeout={timeout} {sizing}{env_vars} "
+            f"--set-secrets={secrets} --quiet")
 
 
 def _fake_functions_dir(tmp_path: Path) -> Path:
@@ -243,7 +294,8 @@ def test_functions_dry_run(deploy: Runner, tmp_path: Path) -> None:
         _deploy_line("jobs-api", build,
                      "--set-env-vars=FIREWORKS_ACCOUNT_ID=acme,SFTQ_DB_POOL_MAX=2",
                      "DATABASE_URL=sftq-api-database-url:latest,"
-                     "FIREWORKS_API_KEY=sftq-fireworks-api-key:latest"),
+                     "FIREWORKS_API_KEY=sftq-fireworks-api-key:latest,"
+                     "SFTQ_WEBHOOKS_KEY=sftq-webhooks-key:latest"),
         _deploy_line("analytics", build, "--set-env-vars=SFTQ_DB_POOL_MAX=2",
                      "DATABASE_URL=sftq-analytics-database-url:latest"),
         _deploy_line("scheduler-tick", build,
@@ -252,11 +304,22 @@ def test_functions_dry_run(deploy: Runner, tmp_path: Path) -> None:
                      "DATABASE_URL=sftq-database-url:latest,"
                      "FIREWORKS_API_KEY=sftq-fireworks-api-key:latest,"
                      "SFTQ_TICK_SECRET=sftq-tick-secret:latest", timeout="110s"),
+        # The delivery pass claims with the scheduler's procedures, and checks the tick's
+        # secret (or its token); never the Fireworks key.
+        _deploy_line("webhook-deliver", build, "--set-env-vars=SFTQ_DB_POOL_MAX=2",
+                     "DATABASE_URL=sftq-database-url:latest,"
+                     "SFTQ_TICK_SECRET=sftq-tick-secret:latest,"
+                     "SFTQ_WEBHOOKS_KEY=sftq-webhooks-key:latest",
+                     sizing="--memory=512Mi --cpu=1 --concurrency=4 "),
+        # Streams: the API's login, a thousand per instance, an hour's request timeout.
+        _deploy_line("jobs-stream", build, "--set-env-vars=SFTQ_DB_POOL_MAX=2",
+                     "DATABASE_URL=sftq-api-database-url:latest", timeout="3600s",
+                     sizing="--memory=512Mi --cpu=1 --concurrency=1000 "),
     ]
     assert r.calls == []
 
     packages = ("functions-framework", "psycopg[binary]", "psycopg-pool", "pydantic", "httpx",
-                "werkzeug")
+                "werkzeug", "cryptography")
     pins = {f"{p}=={metadata.version(p.split('[')[0])}" for p in packages}
     for name, (file, entry) in FUNCTIONS.items():
         staged = build / name
@@ -271,11 +334,33 @@ def test_functions_dry_run(deploy: Runner, tmp_path: Path) -> None:
         assert {line for line in requirements if not line.startswith("#")} == pins
         main = (staged / "main.py").read_text()
         assert f"from {file[:-3]} import {entry}" in main
+        # jobs-stream is registered for functions-framework's ASGI stack; the others are not.
+        assert ("functions_framework.aio.http(" in main) is (name == "jobs-stream")
         # main.py finds the entry point with nothing but the staged folder on the path.
         code = f"import sys; sys.path.insert(0, ''); import main; print(main.{entry}(None))"
         proc = subprocess.run([sys.executable, "-I", "-c", code], cwd=staged, capture_output=True,
                               text=True)
         assert proc.stdout.strip() == entry, proc.stderr
+
+
+def test_a_stream_must_end_before_its_request_is_cut(deploy: Runner, tmp_path: Path) -> None:
+    env = SETTINGS | {"SFTQ_BUILD_DIR": str(tmp_path / "b"),
+                      "SFTQ_FUNCTIONS_DIR": str(_fake_functions_dir(tmp_path))}
+    for step in ("functions", "services"):
+        for value, ok in (("3300", True), ("3539.5", True), ("3540", False), ("7200", False),
+                          ("an hour", False)):
+            r = deploy("--dry-run", step, "--only", "jobs-stream",
+                       env=env | {"SFTQ_STREAM_MAX_SECONDS": value})
+            assert (r.code == 0) is ok, (step, value, r.stderr)
+            if ok:
+                assert f"SFTQ_STREAM_MAX_SECONDS={value}" in r.stdout
+                assert "--timeout=3600s" in r.stdout
+            else:
+                assert "SFTQ_STREAM_MAX_SECONDS" in r.stderr and r.stdout == ""
+        # Only jobs-stream reads it: deploying the others is not held up by it.
+        r = deploy("--dry-run", step, "--only", "analytics",
+                   env=env | {"SFTQ_STREAM_MAX_SECONDS": "7200"})
+        assert r.code == 0, r.stderr
 
 
 def test_functions_env_vars_must_not_carry_commas(deploy: Runner, tmp_path: Path) -> None:
@@ -292,15 +377,18 @@ def test_functions_get_every_setting_the_code_reads(deploy: Runner, tmp_path: Pa
     runtime = [ROOT / "functions" / f for f, _ in FUNCTIONS.values()]
     runtime += [ROOT / "functions" / "sftq_server" / f
                 for f in ("settings.py", "provider.py", "api.py", "tick_http.py", "web.py", "db.py",
-                          "scheduler.py")]
+                          "scheduler.py", "webhooks.py", "api_webhooks.py", "stream.py",
+                          "stream_paths.py")]
     read: set[str] = set()
     for path in runtime:
         if path.exists():
             read |= set(re.findall(r'"((?:SFTQ|FIREWORKS)_[A-Z0-9_]+|(?:ANALYTICS_)?DATABASE_URL)"',
                                    path.read_text()))
-    assert {"DATABASE_URL", "SFTQ_TICK_SECRET", "FIREWORKS_API_KEY", "SFTQ_DB_POOL_MAX"} <= read
+    assert {"DATABASE_URL", "SFTQ_TICK_SECRET", "FIREWORKS_API_KEY", "SFTQ_DB_POOL_MAX",
+            "SFTQ_WEBHOOKS_KEY", "SFTQ_STREAM_MAX_SECONDS"} <= read
 
     passthrough = {n: "1" for n in read if n not in SETTINGS and "DATABASE_URL" not in n}
+    passthrough["SFTQ_STREAM_MAX_SECONDS"] = "3300"
     env = SETTINGS | passthrough | {"SFTQ_BUILD_DIR": str(tmp_path / "b"),
                                     "SFTQ_FUNCTIONS_DIR": str(_fake_functions_dir(tmp_path))}
     r = deploy("--dry-run", "functions", env=env)
@@ -334,7 +422,7 @@ resp = client.open(path, method=method, headers={"Authorization": "Bearer wrong"
 print(json.dumps({"status": resp.status_code, "package": sys.modules["sftq_server"].__file__}))
 """
     cases = [("jobs-api", "GET", "/health", 200), ("analytics", "GET", "/health", 200),
-             ("scheduler-tick", "POST", "/", 401)]
+             ("scheduler-tick", "POST", "/", 401), ("webhook-deliver", "POST", "/", 401)]
     if (ROOT / "docs" / "openapi.json").exists():
         cases.append(("jobs-api", "GET", "/openapi.json", 200))
     env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": db_url, "SFTQ_TICK_SECRET": TICK_SECRET,
@@ -350,6 +438,43 @@ print(json.dumps({"status": resp.status_code, "package": sys.modules["sftq_serve
         assert Path(out["package"]).resolve().is_relative_to(staged.resolve()), out
 
 
+def test_the_staged_stream_runs_on_functions_frameworks_asgi_stack(
+        deploy: Runner, tmp_path: Path, db_url: str) -> None:
+    """jobs-stream staged for `gcloud functions deploy`, started from its folder alone the way
+    the Python buildpack starts a function (functions-framework --target, which finds the
+    target registered for ASGI and serves it with uvicorn workers under gunicorn): a real
+    stream, its errors as the envelope, its frames live until `end`."""
+    build = tmp_path / "build"
+    r = deploy("--dry-run", "functions", "--only", "jobs-stream",
+               env=SETTINGS | {"SFTQ_BUILD_DIR": str(build)})
+    assert r.code == 0, r.stderr
+    staged = build / "jobs-stream"
+    user, key, job = user_key_and_job(db_url)
+    port = free_port()
+    server = Served([sys.executable, "-I", "-m", "functions_framework", "--target", "jobs_stream",
+                     "--source", "main.py", "--host", "127.0.0.1", "--port", str(port)],
+                    port, {"DATABASE_URL": db_url, "SFTQ_STREAM_POLL_MS": "100",
+                           "SFTQ_STREAM_HEARTBEAT_SECONDS": "1"}, cwd=staged)
+    try:
+        denied = httpx.get(f"{server.url}/jobs/{job}/stream", timeout=10,
+                           headers={"Authorization": "Bearer nope"})
+        assert denied.status_code == 401 and denied.json()["code"] == "unauthorized"
+        with httpx.stream("GET", f"{server.url}/jobs/{job}/stream", timeout=httpx.Timeout(20.0),
+                          headers={"Authorization": f"Bearer {key}"}) as resp:
+            assert resp.status_code == 200
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            live = sse_frames(resp)
+            first = next(live)
+            assert (first.event, first.data["id"], first.data["state"]) == \
+                ("status", job, "QUEUED")
+            cancel(db_url, user, job)
+            assert [(f.event, f.data.get("state")) for f in live] == \
+                [("status", "CANCELLED"), ("end", None)]
+    finally:
+        server.stop()
+    assert b"Traceback" not in server.output, server.output.decode()
+
+
 # ---- cron -------------------------------------------------------------------------------
 
 def test_cron_dry_run(deploy: Runner) -> None:
@@ -357,23 +482,39 @@ def test_cron_dry_run(deploy: Runner) -> None:
     env = {k: v for k, v in SETTINGS.items() if k != "SUPABASE_URL"}
     r = deploy("--dry-run", "cron", env=env)
     assert r.code == 0, r.stderr
+    # Both scripts get the tick secret on stdin (the webhooks job sends tokens of it too);
+    # the check runs after both.
     assert r.lines == [
         f"printf %s '***' | {PSQL} "
         "-v tick_url=https://europe-west1-sftq-prod.cloudfunctions.net/scheduler-tick "
-        "-f cron/schedule_tick.sql", check]
-    # Through the Edge proxy when SUPABASE_URL is set.
+        "-f cron/schedule_tick.sql",
+        f"printf %s '***' | {PSQL} "
+        "-v deliver_url=https://europe-west1-sftq-prod.cloudfunctions.net/webhook-deliver "
+        "-f cron/schedule_webhooks.sql", check]
+    # Through the Edge proxies when SUPABASE_URL is set.
     r = deploy("--dry-run", "cron", env=env | {"SUPABASE_URL": "https://abcdefgh.supabase.co/"})
     assert r.code == 0, r.stderr
     assert "-v tick_url=https://abcdefgh.supabase.co/functions/v1/scheduler-tick " in r.lines[0]
+    assert ("-v deliver_url=https://abcdefgh.supabase.co/functions/v1/webhook-deliver "
+            in r.lines[1])
     env = {"SUPABASE_DB_URL": SETTINGS["SUPABASE_DB_URL"], "SFTQ_TICK_SECRET": TICK_SECRET,
-           "SFTQ_TICK_URL": "https://tick.example.com/functions/v1/scheduler-tick"}
+           "SFTQ_TICK_URL": "https://tick.example.com/functions/v1/scheduler-tick",
+           "SFTQ_WEBHOOKS_DELIVER_URL": "https://hooks.example.com/webhook-deliver"}
     r = deploy("--dry-run", "cron", env=env)
     assert r.code == 0, r.stderr
     assert r.lines == [f"printf %s '***' | {PSQL} "
                        "-v tick_url=https://tick.example.com/functions/v1/scheduler-tick "
-                       "-f cron/schedule_tick.sql", check]
+                       "-f cron/schedule_tick.sql",
+                       f"printf %s '***' | {PSQL} "
+                       "-v deliver_url=https://hooks.example.com/webhook-deliver "
+                       "-f cron/schedule_webhooks.sql", check]
+    # Without the deliver URL (or SUPABASE_URL) it is derived from the project and region.
+    r = deploy("--dry-run", "cron",
+               env={k: v for k, v in env.items() if k != "SFTQ_WEBHOOKS_DELIVER_URL"})
+    assert r.code == 1 and "GCP_PROJECT" in r.stderr and r.stdout == ""
     r = deploy("--dry-run", "unschedule", env=env)
-    assert r.lines == [f"{PSQL} -f cron/unschedule_tick.sql"]
+    assert r.lines == [f"{PSQL} -f cron/unschedule_tick.sql",
+                       f"{PSQL} -f cron/unschedule_webhooks.sql"]
     assert r.calls == []
     # scheduler-tick and cron/_tick_secrets.sql refuse a short secret; the script says so first.
     for step in ("cron", "secrets"):
@@ -462,6 +603,9 @@ def test_a_real_run_runs_exactly_what_it_prints(deploy: Runner, tmp_path: Path) 
             assert c["env"]["PGPASSWORD"] == DB_PASSWORD
     schedule = next(c for c in r.calls if "cron/schedule_tick.sql" in c["argv"])
     assert schedule["stdin"] == TICK_SECRET
+    webhooks_cron = next(c for c in r.calls if "cron/schedule_webhooks.sql" in c["argv"])
+    assert webhooks_cron["stdin"] == TICK_SECRET
+    assert stdin_of["sftq-webhooks-key"] == WEBHOOKS_KEY
     assert all(c["env"].get("SFTQ_SQL_DIR") == "sql" for c in r.calls
                if c["argv"][:3] == ["sftq", "db", "migrate"])
     # No secret on any command line.
@@ -480,6 +624,8 @@ def test_services_dry_run(deploy: Runner, tmp_path: Path) -> None:
     image = "europe-west1-docker.pkg.dev/sftq-prod/sftq/sftq:v42"
     common = (f"--project=sftq-prod --region=europe-west1 --image={image} --port=8080 --cpu=2 "
               "--memory=1Gi --concurrency=16")
+    small = f"--project=sftq-prod --region=europe-west1 --image={image} --port=8080 --cpu=1 " \
+        "--memory=512Mi"
     assert r.lines == [
         "gcloud artifacts repositories describe sftq --project=sftq-prod --location=europe-west1 "
         "--quiet >/dev/null 2>&1 || gcloud artifacts repositories create sftq --project=sftq-prod "
@@ -489,7 +635,8 @@ def test_services_dry_run(deploy: Runner, tmp_path: Path) -> None:
         f"gcloud run deploy sftq-jobs-api {common} --timeout=60s --allow-unauthenticated "
         f"--service-account={SA} --set-env-vars=FIREWORKS_ACCOUNT_ID=acme "
         "--set-secrets=DATABASE_URL=sftq-api-database-url:latest,"
-        "FIREWORKS_API_KEY=sftq-fireworks-api-key:latest --quiet",
+        "FIREWORKS_API_KEY=sftq-fireworks-api-key:latest,"
+        "SFTQ_WEBHOOKS_KEY=sftq-webhooks-key:latest --quiet",
         f"gcloud run deploy sftq-analytics {common} --timeout=60s --allow-unauthenticated "
         f"--service-account={SA} --clear-env-vars "
         "--set-secrets=DATABASE_URL=sftq-analytics-database-url:latest --quiet",
@@ -498,19 +645,34 @@ def test_services_dry_run(deploy: Runner, tmp_path: Path) -> None:
         "--set-secrets=DATABASE_URL=sftq-database-url:latest,"
         "FIREWORKS_API_KEY=sftq-fireworks-api-key:latest,"
         "SFTQ_TICK_SECRET=sftq-tick-secret:latest --quiet",
+        # The same image, each with a server command of its own (test_container.py runs both).
+        f"gcloud run deploy sftq-webhook-deliver {small} --concurrency=4 --timeout=60s "
+        "--command=granian --args=--interface,wsgi,--host,0.0.0.0,--port,8080,--workers,1,"
+        "--blocking-threads,4,--no-ws,--factory,webhook_deliver:create_app "
+        f"--allow-unauthenticated --service-account={SA} --clear-env-vars "
+        "--set-secrets=DATABASE_URL=sftq-database-url:latest,"
+        "SFTQ_TICK_SECRET=sftq-tick-secret:latest,"
+        "SFTQ_WEBHOOKS_KEY=sftq-webhooks-key:latest --quiet",
+        f"gcloud run deploy sftq-jobs-stream {small} --concurrency=1000 --timeout=3600s "
+        "--command=uvicorn --args=jobs_stream:asgi_app,--factory,--host,0.0.0.0,--port,8080,"
+        "--no-access-log,--ws,none,--lifespan,on,--timeout-graceful-shutdown,8 "
+        f"--allow-unauthenticated --service-account={SA} --clear-env-vars "
+        "--set-secrets=DATABASE_URL=sftq-api-database-url:latest --quiet",
     ]
     assert r.calls == []
     staged = build / "image"
     files = {str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()}
     assert {"Dockerfile", ".dockerignore", "pyproject.toml", "constraints.txt",
             "docs/openapi.json", "functions/sftq_server/gateway.py",
-            "functions/sftq_server/tick_http.py"} <= files
+            "functions/sftq_server/tick_http.py", "functions/webhook_deliver.py",
+            "functions/jobs_stream.py", "functions/sftq_server/stream.py"} <= files
     assert not any("__pycache__" in f or f.startswith(("sql/", "tests/")) for f in files)
     assert (staged / "Dockerfile").read_bytes() == (ROOT / "Dockerfile").read_bytes()
     pins = {line for line in (staged / "constraints.txt").read_text().splitlines()
             if not line.startswith("#")}
     assert {f"{p}=={metadata.version(p)}" for p in ("psycopg", "psycopg-pool", "pydantic",
-                                                     "httpx", "werkzeug", "granian")} <= pins
+                                                     "httpx", "werkzeug", "granian", "uvicorn",
+                                                     "cryptography")} <= pins
     assert not any("[" in pin for pin in pins)  # pip constraints take no extras
     r = deploy("--dry-run", "services", "--only", "analytics", env=env)
     assert r.code == 0 and sum("gcloud run deploy" in line for line in r.lines) == 1

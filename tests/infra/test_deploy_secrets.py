@@ -127,7 +127,8 @@ def test_no_secret_in_the_server_log_or_on_a_command_line(logged_cluster: LocalC
            "SUPABASE_DB_URL": url, "SFTQ_API_DB_PASSWORD": API_PASSWORD,
            "SFTQ_SCHEDULER_DB_PASSWORD": SCHEDULER_PASSWORD,
            "SFTQ_ANALYST_DB_PASSWORD": ANALYST_PASSWORD, "SFTQ_TICK_SECRET": TICK_SECRET,
-           "SFTQ_TICK_URL": "https://tick.example/functions/v1/scheduler-tick"}
+           "SFTQ_TICK_URL": "https://tick.example/functions/v1/scheduler-tick",
+           "SFTQ_WEBHOOKS_DELIVER_URL": "https://tick.example/functions/v1/webhook-deliver"}
     for _ in range(2):  # the second run updates the logins and the Vault entry
         done = subprocess.run(["bash", str(DEPLOY), "db", "cron"], env=env,
                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -141,7 +142,7 @@ def test_no_secret_in_the_server_log_or_on_a_command_line(logged_cluster: LocalC
         for secret in SECRETS:
             assert secret not in " ".join(cmdline), cmdline
     tools = [Path(c[1] if "python" in Path(c[0]).name else c[0]).name for c in cmdlines]
-    assert tools.count("sftq") >= 8 and tools.count("psql") >= 6, cmdlines
+    assert tools.count("sftq") >= 8 and tools.count("psql") >= 8, cmdlines
 
     text = log.read_bytes()[log_start:].decode(errors="replace")
     assert "statement: " in text and "CREATE ROLE" in text  # statements were logged
@@ -163,6 +164,10 @@ def test_no_secret_in_the_server_log_or_on_a_command_line(logged_cluster: LocalC
         stored = conn.execute("SELECT secret FROM vault.secrets WHERE name = 'sftq_tick_secret'"
                               ).fetchall()
         assert stored == [(TICK_SECRET,)]
+        # Both jobs (the tick's and the webhook deliveries') read it from Vault when they fire.
+        commands = dict(conn.execute("SELECT jobname, command FROM cron.job").fetchall())
+        assert set(commands) == {"sftq-scheduler-tick", "sftq-webhooks-deliver"}
+        assert not any(secret in c for c in commands.values() for secret in SECRETS)
         members = dict(conn.execute(
             "SELECT m.rolname, g.rolname FROM pg_auth_members a "
             "JOIN pg_roles m ON m.oid = a.member JOIN pg_roles g ON g.oid = a.roleid "

@@ -31,8 +31,13 @@ def test_the_doc_tags_its_blocks() -> None:
 
 def test_every_example_runs(conn: psycopg.Connection[Any]) -> None:
     seed(conn)
-    conn.execute("SELECT sftq.create_user('alice')")
+    row = conn.execute("SELECT sftq.create_user('alice')").fetchone()
+    assert row is not None
     conn.execute("SELECT * FROM sftq.issue_key('alice')")
+    # A webhook endpoint, and a job change that writes a delivery for it (the outbox).
+    conn.execute("SELECT sftq.webhook_create(%s, gen_random_uuid(), 'https://hooks.example.com/',"
+                 " ARRAY['job.*'], NULL, 'v0:x')", (row[0],))
+    conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (row[0],))
     for body in _blocks("sql"):
         try:
             cur = conn.execute(body)

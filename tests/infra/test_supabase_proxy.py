@@ -1,6 +1,8 @@
 """The Supabase Edge proxies (supabase/functions/*), run with Deno in front of the local
 gateway: the README walkthrough and the contract's curl lines through them, verbatim but for
-SUPABASE_URL; a server-sent event stream passed through frame by frame; a body over the
+SUPABASE_URL; the queue's real stream through them, live, resumed with Last-Event-ID; the two
+stream routes sent to the stream's own upstream (SFTQ_UPSTREAM_JOBS_STREAM) and everything
+else to jobs-api's; a server-sent event stream passed through frame by frame; a body over the
 limit; an upstream that is down. Deno comes from the npm package `deno` (.ci/run installs it
 and sets SFTQ_DENO); under CI a missing Deno fails the test rather than skipping it.
 
@@ -32,16 +34,18 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from infra_support import ROOT
+from infra_support import ROOT, Frame, sse_frames
 
 from sftq_server.gateway import make_server
 from sftq_server.pgcluster import free_port
 from sftq_server.settings import Settings
 from sftq_server.simulator import Simulator, SimulatorServer
 
-FUNCTIONS = ("jobs-api", "analytics", "scheduler-tick")
+FUNCTIONS = ("jobs-api", "analytics", "scheduler-tick", "webhook-deliver")
 SECRET_NAMES = {"jobs-api": "SFTQ_UPSTREAM_JOBS_API", "analytics": "SFTQ_UPSTREAM_ANALYTICS",
-                "scheduler-tick": "SFTQ_UPSTREAM_SCHEDULER_TICK"}
+                "scheduler-tick": "SFTQ_UPSTREAM_SCHEDULER_TICK",
+                "webhook-deliver": "SFTQ_UPSTREAM_WEBHOOK_DELIVER"}
+STREAM_SECRET = "SFTQ_UPSTREAM_JOBS_STREAM"
 ROUTER = ROOT / "tests" / "infra" / "edge" / "router.ts"
 TICK_SECRET = "proxy-tick-secret-0123456789abcdefghij"
 ACCOUNT = "sim-account"
@@ -108,11 +112,15 @@ class Stack:
     simulator: str
     key: str
     stop_gateway: Callable[[], None]
+    open_streams: Callable[[], int]
     stopped: list[bool] = field(default_factory=list)
 
 
 @pytest.fixture
-def stack(deno: str, db_url: str) -> Iterator[Stack]:
+def stack(deno: str, db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+    # The gateway's stream hub reads these when its first stream opens: a quick poll.
+    monkeypatch.setenv("SFTQ_STREAM_POLL_MS", "100")
+    monkeypatch.setenv("SFTQ_STREAM_HEARTBEAT_SECONDS", "1")
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("SELECT sftq.create_user('alice', 2)")
         row = conn.execute("SELECT key FROM sftq.issue_key('alice')").fetchone()
@@ -136,9 +144,15 @@ def stack(deno: str, db_url: str) -> Iterator[Stack]:
             server.server_close()
             server.app.close()
 
+    def open_streams() -> int:
+        # The gateway's streams (sftq_server.stream.WsgiStreams), once one was opened.
+        streams = server.app._streams
+        hub = None if streams is None else streams.hub
+        return 0 if hub is None else int(hub.open_streams)
+
     router = DenoProcess(deno, ROUTER, upstreams(gateway))
     try:
-        yield Stack(gateway, router.url, sim.url, key, stop_gateway, stopped)
+        yield Stack(gateway, router.url, sim.url, key, stop_gateway, open_streams, stopped)
     finally:
         router.stop()
         stop_gateway()
@@ -255,6 +269,72 @@ def test_the_upstream_stopped_is_a_502_envelope(stack: Stack) -> None:
     assert answer.headers["x-request-id"] == "r-9" and answer.headers["retry-after"] == "5"
 
 
+# ---- the queue's own stream, through the proxy --------------------------------------------------
+
+def test_a_real_stream_through_the_proxy_is_live_and_resumes(stack: Stack) -> None:
+    """jobs-api's stream routes through the proxy, in front of the local gateway (which
+    serves the stream; SFTQ_UPSTREAM_JOBS_STREAM unset, so jobs-api's upstream): each frame
+    reaches the client while the stream is still open, and a reconnect's Last-Event-ID
+    reaches the server (it resumes after that frame, and refuses an id it never sent)."""
+    base = f"{stack.proxy}/functions/v1/jobs-api"
+    auth = {"Authorization": f"Bearer {stack.key}"}
+    job = {"kind": "SFT", "fireworks_payload": {"dataset": "d", "baseModel": "m"}}
+
+    def enqueue(name: str) -> str:
+        answer = httpx.post(f"{base}/jobs", json={**job, "display_name": name}, headers=auth)
+        assert answer.status_code == 201, answer.text
+        return str(answer.json()["id"])
+
+    first = enqueue("first")
+    seen: list[Frame] = []
+    with httpx.stream("GET", f"{base}/jobs/stream", timeout=httpx.Timeout(20.0),
+                      headers={**auth, "Accept": "text/event-stream"}) as resp:
+        assert resp.status_code == 200, resp.read()
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        assert re.fullmatch(r"[0-9a-f-]{36}", resp.headers["x-request-id"])
+        live = sse_frames(resp)
+        snapshot = next(live)
+        assert (snapshot.event, snapshot.data["id"], snapshot.data["state"]) == \
+            ("status", first, "QUEUED")
+        # Changes made now arrive on this open stream, one frame each, before it ends (the
+        # all-jobs stream never ends by itself: a proxy that buffered would show nothing).
+        cancelled = httpx.delete(f"{base}/jobs/{first}", headers=auth)
+        assert cancelled.status_code == 200, cancelled.text
+        seen.append(next(live))
+        second = enqueue("second")
+        seen.append(next(live))
+    assert [(f.event, f.data["id"], f.data["state"]) for f in seen] == \
+        [("status", first, "CANCELLED"), ("status", second, "QUEUED")]
+    assert all(f.id for f in seen) and seen[0].id != seen[1].id
+
+    # Resume after the CANCELLED frame: exactly the frame that followed it, same id, same data.
+    with httpx.stream("GET", f"{base}/jobs/stream", timeout=httpx.Timeout(20.0),
+                      headers={**auth, "Last-Event-ID": str(seen[0].id)}) as resp:
+        assert resp.status_code == 200
+        replayed = next(sse_frames(resp))
+    assert (replayed.id, replayed.event, replayed.data) == (seen[1].id, seen[1].event, seen[1].data)
+    # An id this stream never sent: the server's 400 comes back through the proxy.
+    refused = httpx.get(f"{base}/jobs/stream",
+                        headers={**auth, "Last-Event-ID": "987654321987"})
+    assert refused.status_code == 400 and refused.json()["code"] == "validation_error"
+
+    # A job's own stream ends after its terminal state, and the proxy closes with it.
+    with httpx.stream("GET", f"{base}/jobs/{first}/stream", timeout=httpx.Timeout(20.0),
+                      headers=auth) as resp:
+        assert resp.status_code == 200
+        assert [(f.event, f.data.get("state")) for f in sse_frames(resp)] == \
+            [("status", "CANCELLED"), ("end", None)]
+    denied = httpx.get(f"{base}/jobs/{first}/stream", headers={"Authorization": "Bearer nope"})
+    assert denied.status_code == 401 and denied.json()["code"] == "unauthorized"
+
+    # Each client that left was let go upstream too: the proxy aborts its upstream request,
+    # and the gateway's stream ends at its next write (a heartbeat, every second here).
+    deadline = time.monotonic() + 15
+    while stack.open_streams():
+        assert time.monotonic() < deadline, f"{stack.open_streams()} streams still open upstream"
+        time.sleep(0.1)
+
+
 # ---- a stream, and a body over the limit, against an upstream of our own -----------------------
 
 class Upstream:
@@ -350,6 +430,54 @@ def test_a_stream_through_the_proxy_arrives_frame_by_frame(
     assert seen["last-event-id"] == "7" and seen["accept"] == "text/event-stream"
     assert seen["authorization"] == "Bearer sftq_x" and "cookie" not in seen
     assert re.fullmatch(r"[0-9a-f-]{36}", seen["x-request-id"])
+
+
+@pytest.fixture
+def two_upstreams(deno: str) -> Iterator[tuple[Upstream, Upstream, str]]:
+    """jobs-api (and the others) on one upstream, the stream routes on another."""
+    api, streams = Upstream(), Upstream()
+    env = {name: api.url for name in SECRET_NAMES.values()} | {STREAM_SECRET: streams.url}
+    router = DenoProcess(deno, ROUTER, env)
+    try:
+        yield api, streams, router.url
+    finally:
+        router.stop()
+        api.close()
+        streams.close()
+
+
+def test_the_stream_routes_go_to_the_stream_upstream(
+        two_upstreams: tuple[Upstream, Upstream, str]) -> None:
+    api, streams, proxy = two_upstreams
+    for upstream in (api, streams):
+        for got in upstream.received:
+            got.set()  # no need to pace these streams
+    to_stream = ["/jobs/stream", "/jobs/stream/",
+                 "/jobs/6f1c1f9e-0000-4000-8000-000000000001/stream", "/jobs/stream?x=1"]
+    to_api = ["/jobs", "/jobs/abc", "/jobs/abc/events", "/jobs/stream/extra", "/jobs//stream",
+              "/stream", "/jobs/a/b/stream"]
+    for path in to_stream + to_api:
+        answer = httpx.get(f"{proxy}/functions/v1/jobs-api{path}",
+                           headers={"Last-Event-ID": "41", "Authorization": "Bearer sftq_x"})
+        assert answer.status_code == 200, (path, answer.text)
+    assert [s["path"] for s in streams.seen] == to_stream
+    assert [s["path"] for s in api.seen] == to_api
+    stream_headers = {k.lower(): v for k, v in streams.seen[0]["headers"].items()}
+    assert stream_headers["last-event-id"] == "41"
+    assert stream_headers["authorization"] == "Bearer sftq_x"
+    # Only GET (and HEAD) of those paths stream; a POST there is jobs-api's to answer.
+    posted = httpx.post(f"{proxy}/functions/v1/jobs-api/jobs/stream", content=b"{}")
+    assert posted.status_code == 201 and api.seen[-1]["path"] == "/jobs/stream"
+    # Other functions never stream, whatever their path: analytics keeps its upstream.
+    httpx.get(f"{proxy}/functions/v1/analytics/jobs/stream")
+    assert len(streams.seen) == len(to_stream) and api.seen[-1]["path"] == "/jobs/stream"
+    # webhook-deliver forwards pg_net's POST, token and all.
+    fired = httpx.post(f"{proxy}/functions/v1/webhook-deliver", content=b"{}",
+                       headers={"Authorization": "Bearer v1.1700000000." + "a" * 64,
+                                "Content-Type": "application/json"})
+    assert fired.status_code == 201 and api.seen[-1]["path"] == "/"
+    forwarded = {k.lower(): v for k, v in api.seen[-1]["headers"].items()}
+    assert forwarded["authorization"] == "Bearer v1.1700000000." + "a" * 64
 
 
 def test_a_body_over_the_limit_never_reaches_the_function(

@@ -11,6 +11,8 @@ variant ('30 seconds') needs pg_cron >= 1.5: against an older real pg_cron the t
 that it is refused and leaves nothing behind, and its job row is checked against a stand-in
 cron schema instead (upsert by name, like pg_cron's own). Each scheduled command is then
 executed as pg_cron would, to check the URL and the short-lived token it builds from Vault.
+The webhook deliveries' job and poke (cron/schedule_webhooks.sql) are held to the same rules:
+the secret on stdin, tokens only (checked by the functions' own bearer_ok), pg_net closed.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ import psycopg
 import pytest
 
 from sftq_server.pgcluster import LocalCluster
+from sftq_server.tick_http import bearer_ok
 
 Conn = psycopg.Connection[Any]
 CRON = Path(__file__).resolve().parents[2] / "cron"
 CRON_DB = "sftq_cron"
 URL = "https://example-ref.supabase.co/functions/v1/scheduler-tick"
+DELIVER_URL = "https://example-ref.supabase.co/functions/v1/webhook-deliver"
 SECRET = "cron-test-secret-4f9a7c2e1b8d-0123456789"
 JOBS = ("sftq-scheduler-tick", "sftq-scheduler-tick-offset")
 
@@ -161,13 +165,13 @@ def fire(conn: Conn, command: str) -> tuple[str, dict[str, Any], Any, int]:
 TOKEN = re.compile(r"Bearer v1\.([0-9]+)\.([0-9a-f]{64})")
 
 
-def check_command(conn: Conn, command: str, secret: str = SECRET) -> None:
+def check_command(conn: Conn, command: str, secret: str = SECRET, target: str = URL) -> None:
     # The secret and URL live in Vault, never in cron.job, whose command anyone with
     # access to the cron schema (and its run log) can read.
-    assert secret not in command and URL not in command
+    assert secret not in command and target not in command
     before = time.time()
     url, headers, body, timeout = fire(conn, command)
-    assert url == URL
+    assert url == target
     assert set(headers) == {"Content-Type", "Authorization"}
     assert headers["Content-Type"] == "application/json"
     # Not the secret: a token of it that scheduler-tick accepts for two minutes.
@@ -175,6 +179,8 @@ def check_command(conn: Conn, command: str, secret: str = SECRET) -> None:
     assert match is not None, headers
     assert int(before) - 1 <= int(match[1]) <= time.time() + 1
     assert match[2] == hmac.new(secret.encode(), match[1].encode(), hashlib.sha256).hexdigest()
+    # What the functions check (scheduler-tick and webhook-deliver alike) accepts it now.
+    assert bearer_ok(headers["Authorization"].removeprefix("Bearer "), secret, time.time())
     queued = conn.execute("SELECT headers::text FROM net.http_request_queue").fetchall()
     assert not any(secret in row[0] for row in queued)
     assert body == {} and timeout == 25000
@@ -367,3 +373,99 @@ def test_the_schedule_closes_pg_net_to_other_roles(standin_cron: tuple[str, Conn
     again = check_net(url)
     assert again.returncode != 0
     assert f"{PROBE_LOGIN} can select net.http_request_queue" in again.stderr
+
+
+# ---- the webhook deliveries' job and poke, hardened like the tick's ------------------------
+
+def webhook_jobs(conn: Conn) -> dict[str, tuple[str, str]]:
+    rows = conn.execute("SELECT jobname, schedule, command FROM cron.job "
+                        "WHERE jobname = 'sftq-webhooks-deliver'").fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def hooked_user(conn: Conn) -> int:
+    row = conn.execute("SELECT sftq.create_user('hooked')").fetchone()
+    assert row is not None
+    conn.execute("SELECT sftq.webhook_create(%s, gen_random_uuid(), 'https://hooks.example.com/',"
+                 " ARRAY['job.*'], NULL, 'v0:x')", (row[0],))
+    return int(row[0])
+
+
+@needs_psql
+def test_the_webhook_job_and_poke_send_tokens_and_keep_pg_net_closed(
+        standin_cron: tuple[str, Conn]) -> None:
+    url, conn = standin_cron
+    # As deploy.sh runs them: the tick, the webhooks (the same secret on stdin), the check.
+    assert psql(url, "schedule_tick.sql", tick_url=URL).returncode == 0
+    for _ in range(2):  # a second run replaces, never adds
+        done = psql(url, "schedule_webhooks.sql", deliver_url=DELIVER_URL)
+        assert done.returncode == 0, done.stderr
+    assert SECRET not in done.stdout + done.stderr
+    assert secrets(conn) == {"sftq_tick_secret": [SECRET], "sftq_tick_url": [URL]}
+    stored = conn.execute("SELECT decrypted_secret FROM vault.decrypted_secrets "
+                          "WHERE name = 'sftq_webhooks_url'").fetchall()
+    assert stored == [(DELIVER_URL,)]
+    passed = check_net(url)
+    assert passed.returncode == 0, passed.stderr
+    for role in ("anon", "authenticated", PROBE_LOGIN):
+        for what, sql in PROBES.items():
+            assert not can(conn, role, sql), f"{role} can still {what}"
+
+    # The job: nothing due, nothing sent; then a token, never the secret, to the deliver URL.
+    (schedule, command), = webhook_jobs(conn).values()
+    assert schedule == "5 seconds"
+    conn.execute(command)
+    assert conn.execute("SELECT count(*) FROM net.http_request_queue").fetchone() == (0,)
+    uid = hooked_user(conn)
+    # The poke: the transaction that wrote the delivery queued one request with a token.
+    conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (uid,))
+    poke = conn.execute("SELECT url, headers FROM net.http_request_queue").fetchall()
+    assert len(poke) == 1 and poke[0][0] == DELIVER_URL
+    match = TOKEN.fullmatch(poke[0][1]["Authorization"])
+    assert match is not None, poke
+    assert bearer_ok(poke[0][1]["Authorization"].removeprefix("Bearer "), SECRET, time.time())
+    check_command(conn, command, target=DELIVER_URL)
+    # The poke runs as its owner (SECURITY DEFINER) for any writer of deliveries, which
+    # cannot reach pg_net itself.
+    definer = conn.execute("SELECT prosecdef, proowner::regrole::text FROM pg_proc "
+                           "WHERE oid = 'sftq._webhook_poke()'::regprocedure").fetchone()
+    assert definer == (True, "postgres")
+
+    # A secret rotated through the webhooks script is the tick's too (one Vault entry).
+    rotated = SECRET + "-rotated"
+    assert psql(url, "schedule_webhooks.sql", secret=rotated,
+                deliver_url=DELIVER_URL).returncode == 0
+    assert secrets(conn)["sftq_tick_secret"] == [rotated]
+    check_command(conn, jobs(conn)["sftq-scheduler-tick"][1], rotated)
+    check_command(conn, command, rotated, target=DELIVER_URL)
+
+    # Unscheduling leaves pg_net closed and the check passing.
+    for script in ("unschedule_webhooks.sql", "unschedule_tick.sql"):
+        done = psql(url, script, secret=None)
+        assert done.returncode == 0, done.stderr
+    assert webhook_jobs(conn) == {} and jobs(conn) == {}
+    assert check_net(url).returncode == 0
+
+
+@needs_psql
+def test_the_check_catches_a_request_owner_locked_out(standin_cron: tuple[str, Conn]) -> None:
+    """Scheduling the webhooks as another role than the tick would revoke the tick's owner
+    from pg_net (each script keeps it to the role running it): the check says so."""
+    url, conn = standin_cron
+    assert psql(url, "schedule_tick.sql", tick_url=URL).returncode == 0
+    conn.execute(f"UPDATE cron.job SET username = '{PROBE_LOGIN}' "
+                 "WHERE jobname = 'sftq-scheduler-tick'")
+    refused = check_net(url)
+    assert refused.returncode != 0
+    assert f"{PROBE_LOGIN} of the queue's requests can no longer queue" in refused.stderr
+
+
+@needs_psql
+def test_the_webhooks_script_on_real_pg_cron(real_cron: tuple[str, Conn]) -> None:
+    """The webhooks job on the real pg_cron 1.4 (minute schedule), in a database without
+    the queue's schema: the script fails as a whole and leaves no job, secret or trigger."""
+    url, conn = real_cron
+    done = psql(url, "schedule_webhooks.sql", deliver_url=DELIVER_URL,
+                deliver_schedule="* * * * *")
+    assert done.returncode != 0 and "sftq.webhook_deliveries" in done.stderr
+    assert webhook_jobs(conn) == {} and secrets(conn) == {}

@@ -2,23 +2,35 @@
 //
 // Supabase serves $SUPABASE_URL/functions/v1/<name>/... only from Edge Functions (Deno); the
 // queue's functions run on Cloud Run. Each of supabase/functions/{jobs-api,analytics,
-// scheduler-tick}/index.ts calls serve(<its name>), and this module does the rest: it forwards
-// the method, the path below the function's name, the query, the headers that matter and the
-// body to the upstream URL named by a function secret, and streams the answer back as it
-// arrives (server-sent events included). An upstream that cannot be reached is answered 502
+// scheduler-tick,webhook-deliver}/index.ts calls serve(<its name>), and this module does the
+// rest: it forwards the method, the path below the function's name, the query, the headers
+// that matter and the body to the upstream URL named by a function secret, and streams the
+// answer back as it arrives (server-sent events included). An upstream that cannot be reached is answered 502
 // with the JSON error envelope; X-Request-Id is passed through, or made here.
 //
-// Secrets (supabase secrets set ...): SFTQ_UPSTREAM_JOBS_API, SFTQ_UPSTREAM_ANALYTICS and
-// SFTQ_UPSTREAM_SCHEDULER_TICK, each the base URL of that function, e.g.
-// https://sftq-jobs-api-123456789.europe-west1.run.app/functions/v1/jobs-api (Cloud Run
-// services) or https://europe-west1-PROJECT.cloudfunctions.net/jobs-api (Cloud Run functions).
-// SFTQ_MAX_BODY_BYTES caps request bodies (default 1 MiB, as the functions do).
+// Secrets (supabase secrets set ...): SFTQ_UPSTREAM_JOBS_API, SFTQ_UPSTREAM_ANALYTICS,
+// SFTQ_UPSTREAM_SCHEDULER_TICK and SFTQ_UPSTREAM_WEBHOOK_DELIVER, each the base URL of that
+// function, e.g. https://sftq-jobs-api-123456789.europe-west1.run.app/functions/v1/jobs-api
+// (Cloud Run services) or https://europe-west1-PROJECT.cloudfunctions.net/jobs-api (Cloud Run
+// functions). jobs-api's two stream routes (GET /jobs/stream, GET /jobs/{id}/stream) go to
+// SFTQ_UPSTREAM_JOBS_STREAM, the jobs-stream function (ASGI, long requests), and to jobs-api's
+// upstream when that is unset. SFTQ_MAX_BODY_BYTES caps request bodies (default 1 MiB, as the
+// functions do).
+//
+// A stream through here lasts at most as long as the platform lets an Edge Function worker
+// live (its wall-clock limit: 150 s on Supabase's free plan, 400 s on paid ones); the
+// upstream then sees the client go, and the client resumes with Last-Event-ID, missing
+// nothing (docs/api.md, Live updates).
 
 export const UPSTREAM_SECRETS = {
   "jobs-api": "SFTQ_UPSTREAM_JOBS_API",
   "analytics": "SFTQ_UPSTREAM_ANALYTICS",
   "scheduler-tick": "SFTQ_UPSTREAM_SCHEDULER_TICK",
+  "webhook-deliver": "SFTQ_UPSTREAM_WEBHOOK_DELIVER",
 } as const;
+
+/** jobs-api's stream routes go here when it is set (see streamPath). */
+export const STREAM_UPSTREAM_SECRET = "SFTQ_UPSTREAM_JOBS_STREAM";
 
 export type FunctionName = keyof typeof UPSTREAM_SECRETS;
 
@@ -34,6 +46,8 @@ const DEFAULT_MAX_BODY_BYTES = 1_048_576;
 
 export interface ProxyOptions {
   upstream?: string;
+  /** jobs-api only: where the stream routes go (default: the secret, else `upstream`). */
+  streamUpstream?: string;
   maxBodyBytes?: number;
 }
 
@@ -53,6 +67,16 @@ export function pathBelow(name: string, pathname: string): string | null {
   const prefix = `/${name}`;
   if (path !== prefix && !path.startsWith(`${prefix}/`)) return null;
   return path.slice(prefix.length);
+}
+
+/** Is this one of jobs-api's two stream routes, GET /jobs/stream or GET /jobs/{id}/stream?
+ *  The same rule as the Python side (sftq_server.stream_paths.parse_stream_path), so that the
+ *  stream function receives exactly the requests it serves. */
+export function streamPath(method: string, rest: string): boolean {
+  if (method !== "GET" && method !== "HEAD") return false;
+  const parts = rest.replace(/^\/+|\/+$/g, "").split("/");
+  return (parts.length === 2 && parts[0] === "jobs" && parts[1] === "stream") ||
+    (parts.length === 3 && parts[0] === "jobs" && parts[1] !== "" && parts[2] === "stream");
 }
 
 /** The body, read whole up to the limit: the functions answer 413 past it anyway, and a
@@ -97,6 +121,10 @@ export function makeHandler(name: FunctionName, options: ProxyOptions = {}):
     const url = new URL(req.url);
     const rest = pathBelow(name, url.pathname);
     if (rest === null) return envelope(404, "not_found", "no such function", requestId);
+    let target = upstream;
+    if (name === "jobs-api" && streamPath(req.method, rest)) {
+      target = options.streamUpstream ?? (Deno.env.get(STREAM_UPSTREAM_SECRET) || upstream);
+    }
     const limit = options.maxBodyBytes ??
       Number(Deno.env.get("SFTQ_MAX_BODY_BYTES") || DEFAULT_MAX_BODY_BYTES);
 
@@ -118,7 +146,7 @@ export function makeHandler(name: FunctionName, options: ProxyOptions = {}):
 
     let answer: Response;
     try {
-      answer = await fetch(upstream.replace(/\/+$/, "") + rest + url.search, {
+      answer = await fetch(target.replace(/\/+$/, "") + rest + url.search, {
         // (a cast, not a generic: older TypeScript, as in some Edge runtimes, has no
         // Uint8Array<ArrayBuffer>, and newer TypeScript will not take Uint8Array as is)
         method: req.method, headers, body: body as BodyInit | null, redirect: "manual",
