@@ -292,7 +292,8 @@ def test_functions_dry_run(deploy: Runner, tmp_path: Path) -> None:
     assert r.code == 0, r.stderr
     assert r.lines == [
         _deploy_line("jobs-api", build,
-                     "--set-env-vars=FIREWORKS_ACCOUNT_ID=acme,SFTQ_DB_POOL_MAX=2",
+                     "--set-env-vars=FIREWORKS_ACCOUNT_ID=acme,FIREWORKS_QUOTA_ID=training-h100-count,"
+                     "SFTQ_DB_POOL_MAX=2",
                      "DATABASE_URL=sftq-api-database-url:latest,"
                      "FIREWORKS_API_KEY=sftq-fireworks-api-key:latest,"
                      "SFTQ_WEBHOOKS_KEY=sftq-webhooks-key:latest"),
