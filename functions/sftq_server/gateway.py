@@ -44,8 +44,12 @@ class Gateway:
     """A WSGI app dispatching by path prefix to the three functions."""
 
     def __init__(self, settings: Settings, *,
-                 provider_factory: ProviderFactory | None = None) -> None:
+                 provider_factory: ProviderFactory | None = None,
+                 live_streams: bool = True) -> None:
         self.settings = settings
+        # Live streams hold a server thread each here: right for `sftq dev` / `sftq serve`,
+        # not for a production WSGI server with a few threads (streams go to jobs-stream).
+        self._live_streams = live_streams
         self._jobs = make_jobs_api(settings, provider_factory=provider_factory)
         self._analytics = make_analytics_api(settings)
         self._tick: WSGIApp | None = None
@@ -72,8 +76,8 @@ class Gateway:
         return self._not_found(environ, start_response)
 
     def _jobs_app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        if environ.get("REQUEST_METHOD") in ("GET", "HEAD") and parse_stream_path(
-                environ.get("PATH_INFO", "") or "") is not False:
+        if (self._live_streams and environ.get("REQUEST_METHOD") in ("GET", "HEAD")
+                and parse_stream_path(environ.get("PATH_INFO", "") or "") is not False):
             body: Iterable[bytes] = self._stream_app()(environ, start_response)
             return body
         return self._jobs_wsgi(environ, start_response)
@@ -123,18 +127,23 @@ class Gateway:
             close()
 
 
-def make_gateway(settings: Settings, *, provider_factory: ProviderFactory | None = None) -> Gateway:
-    return Gateway(settings, provider_factory=provider_factory)
+def make_gateway(settings: Settings, *, provider_factory: ProviderFactory | None = None,
+                 live_streams: bool = True) -> Gateway:
+    return Gateway(settings, provider_factory=provider_factory, live_streams=live_streams)
 
 
 def create_app() -> Gateway:
     """For WSGI servers: `gunicorn 'sftq_server.gateway:create_app()'` (settings from the env).
-    Refuses to start (TickSecretError) with a tick secret too short to guard the tick."""
+    Refuses to start (TickSecretError) with a tick secret too short to guard the tick.
+
+    The two stream paths answer 501 `stream_unavailable` here (clients then poll): a WSGI
+    server runs a few threads, and each open stream would hold one for up to an hour. Streams
+    are served by the ASGI entry point (functions/jobs_stream.py, the jobs-stream service)."""
     from .tick_http import require_tick_secret
 
     settings = Settings.from_env()
     require_tick_secret(settings)
-    return make_gateway(settings)
+    return make_gateway(settings, live_streams=False)
 
 
 _SERVER_ERROR_CODES = {

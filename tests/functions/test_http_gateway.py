@@ -229,3 +229,25 @@ def test_serve_stops_cleanly_on_a_signal(sig: signal.Signals) -> None:
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert out.strip().endswith("gateway stopped")
+
+
+def test_the_production_gateway_answers_501_on_the_stream_paths(
+        settings: Settings, alice: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """create_app() (granian in the container) sends streams to the jobs-stream service: a
+    stream here would hold one of its few WSGI threads for up to an hour, so clients are told
+    to poll; `sftq dev` and `sftq serve` (make_server) keep serving streams live."""
+    from sftq_server.gateway import create_app
+
+    monkeypatch.setenv("DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("SFTQ_TICK_SECRET", "s" * 40)
+    get_settings.cache_clear()
+    app = create_app()
+    try:
+        gw = Api(Client(app))
+        job = gw.post(f"{JOBS}/jobs", alice, json={"kind": "SFT", "fireworks_payload": {}})
+        assert job.status_code == 201
+        for path in ("/jobs/stream", f"/jobs/{job.json['id']}/stream"):  # type: ignore[index]
+            assert_error(gw.get(f"{JOBS}{path}", alice), 501, "stream_unavailable")
+    finally:
+        app.close()
+        get_settings.cache_clear()
