@@ -51,6 +51,10 @@ STREAM_HEADERS: tuple[tuple[str, str], ...] = (
     ("X-Accel-Buffering", "no"),
 )
 PING = b": ping\n\n"
+# Sent first, so the response's headers go out at once even when nothing is to say yet (a
+# server sends them with the first body bytes): a reader then knows it is connected instead
+# of waiting for the first heartbeat. A comment: SSE readers skip it.
+OPENING = b": connected\n\n"
 
 
 def _env_float(name: str, default: float) -> float:
@@ -181,6 +185,7 @@ class Stream:
         deadline = loop.time() + settings.max_seconds
         self.sent_token = self.token
         try:
+            yield OPENING
             while True:
                 if not self._out:
                     self._wake.clear()

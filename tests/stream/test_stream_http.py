@@ -6,6 +6,7 @@ import time
 from dataclasses import replace
 
 import httpx
+import pytest
 from conftest import FAST, AsgiServer
 from stream_support import Reader, Sql, data, headers
 
@@ -217,3 +218,18 @@ def test_wsgi_only_jobs_api_answers_501_on_the_stream_paths(settings, sql: Sql) 
             assert resp.status_code == 501 and resp.json["code"] == "stream_unavailable"
     finally:
         app.close()
+
+
+def test_a_quiet_stream_is_answered_at_once(gateway, sql: Sql,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing to say and the next heartbeat far away, the reader still hears at once
+    that it is connected (the gateway sends headers only with the first body bytes)."""
+    monkeypatch.setenv("SFTQ_STREAM_HEARTBEAT_SECONDS", "30")  # read when the first stream opens
+    key = sql.user("alice")
+    started = time.monotonic()
+    with httpx.Client(timeout=10) as client, client.stream(
+            "GET", f"{gateway.url}/jobs/stream", headers=headers(key)) as response:
+        assert response.status_code == 200
+        first = next(response.iter_lines())
+    assert first == ": connected"
+    assert time.monotonic() - started < 5
