@@ -201,6 +201,30 @@ def _submit_error(exc: ValidationError) -> SftqError:
     return BadRequest("; ".join(d["message"] for d in details), detail=details)
 
 
+def check_query(request: Request, allowed: frozenset[str]) -> dict[str, str]:
+    """The query parameters, refusing unknown and repeated ones (400)."""
+    query = request.query
+    unknown = query.keys() - allowed
+    if unknown:
+        allowed_text = ", ".join(sorted(allowed)) if allowed else "none"
+        raise BadRequest(f"unknown query parameter(s): {', '.join(sorted(unknown))}; "
+                         f"allowed: {allowed_text}")
+    if request.repeated_params:
+        raise BadRequest(f"query parameter(s) given more than once: "
+                         f"{', '.join(sorted(request.repeated_params))}")
+    return query
+
+
+def limit_param(query: dict[str, str], default: int | None, maximum: int) -> int | None:
+    """`limit` as an integer from 1 to maximum (400 otherwise), or `default` when absent."""
+    raw_limit = query.get("limit")
+    if raw_limit is None:
+        return default
+    if not _LIMIT_RE.fullmatch(raw_limit) or not 1 <= int(raw_limit) <= maximum:
+        raise BadRequest(f"limit must be an integer from 1 to {maximum}")
+    return int(raw_limit)
+
+
 def _body(row: tuple[Any, ...] | None) -> tuple[Any, ...]:
     if row is None or row[0] is None:
         raise SftqError("the database answered no row")
@@ -239,32 +263,26 @@ class JobsApi:
     # GET /jobs
     def list_jobs(self, request: Request) -> Response:
         key_hash = authenticate(request)
-        query = request.query
-        unknown = query.keys() - _LIST_PARAMS
-        if unknown:
-            raise BadRequest(f"unknown query parameter(s): {', '.join(sorted(unknown))}; "
-                             f"allowed: {', '.join(sorted(_LIST_PARAMS))}")
-        if request.repeated_params:
-            raise BadRequest(f"query parameter(s) given more than once: "
-                             f"{', '.join(sorted(request.repeated_params))}")
+        query = check_query(request, _LIST_PARAMS)
         state = query.get("state")
         if state is not None and state not in STATES:
             raise BadRequest("state must be one of " + ", ".join(STATES))
         kind = query.get("kind")
         if kind is not None and kind not in KINDS:
             raise BadRequest("kind must be one of " + ", ".join(KINDS))
-        limit = DEFAULT_PAGE_SIZE
-        raw_limit = query.get("limit")
-        if raw_limit is not None:
-            if not _LIMIT_RE.fullmatch(raw_limit) or not 1 <= int(raw_limit) <= MAX_PAGE_SIZE:
-                raise BadRequest(f"limit must be an integer from 1 to {MAX_PAGE_SIZE}")
-            limit = int(raw_limit)
+        limit = limit_param(query, None, MAX_PAGE_SIZE)
         cursor = query.get("cursor")
         if cursor is not None and not _CURSOR_RE.fullmatch(cursor):
             raise BadRequest("cursor is not valid; use the X-Next-Cursor value of the "
                              "previous page")
+        if limit is None and cursor is None:
+            # The contract's "all of your jobs, newest first": every job, streamed.
+            from .api_listing import all_jobs
+
+            return all_jobs(self.db, key_hash, state, kind)
         body, next_cursor = _body(self.db.fetchone(
-            dbmod.API_LIST_JOBS, (key_hash, state, kind, limit, cursor)))
+            dbmod.API_LIST_JOBS,
+            (key_hash, state, kind, DEFAULT_PAGE_SIZE if limit is None else limit, cursor)))
         headers = list(JSON_HEADERS)
         if next_cursor:
             params = {k: v for k, v in query.items() if k != "cursor"}
@@ -324,7 +342,9 @@ class JobsApi:
     # GET /jobs/analytics/queue
     def queue_context(self, request: Request) -> Response:
         key_hash = authenticate(request)
-        body = _body(self.db.fetchone(dbmod.API_QUEUE_CONTEXT, (key_hash,)))[0]
+        body = _body(self.db.fetchone(dbmod.API_QUEUE_CONTEXT_AT, (
+            key_hash, self.settings.tick_interval_seconds,
+            self.settings.usage_grace_seconds)))[0]
         return Response(200, body.encode(), list(JSON_HEADERS))
 
     # GET /jobs/analytics/summary
@@ -337,7 +357,9 @@ class JobsApi:
     def job_analytics(self, request: Request, raw_id: str) -> Response:
         key_hash = authenticate(request)
         job_id = job_id_param(request, raw_id)
-        body = _body(self.db.fetchone(dbmod.API_JOB_ANALYTICS, (key_hash, job_id)))[0]
+        body = _body(self.db.fetchone(dbmod.API_JOB_ANALYTICS_AT, (
+            key_hash, job_id, self.settings.tick_interval_seconds,
+            self.settings.usage_grace_seconds)))[0]
         return Response(200, body.encode(), list(JSON_HEADERS))
 
     # GET /health
@@ -408,6 +430,12 @@ def make_jobs_api(settings: Settings, *, db: dbmod.Database | None = None,
     # here the two paths answer 501 so that clients poll instead.
     router.add("GET", "/jobs/stream", stream_unavailable)
     router.add("GET", "/jobs/{id}/stream", stream_unavailable)
+    # Visibility (history and capacity): handlers in modules of their own.
+    from .api_capacity import CapacityApi
+    from .api_events import EventsApi
+
+    router.add("GET", "/jobs/{id}/events", EventsApi(api.db).list_events)
+    router.add("GET", "/capacity", CapacityApi(settings, api.db).capacity)
     return ApiApp(router, api, name="jobs-api", mount_prefix="/functions/v1/jobs-api")
 
 

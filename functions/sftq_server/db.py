@@ -57,6 +57,25 @@ STREAM_POLL = (
     "FROM sftq.stream_poll(%s, %s::xid8, %s, %s, %s, %s)"
 )
 
+# --- visibility: history, waiting reasons, estimates, capacity ------------------------
+# Authenticate + the queue context with waiting reasons and estimates (tick interval and
+# usage grace in seconds, from the settings).
+API_QUEUE_CONTEXT_AT = (
+    "SELECT sftq.api_queue_context(%s, make_interval(secs => %s), make_interval(secs => %s))::text"
+)
+# Authenticate + one job's analytics with its waiting reason or finish estimate.
+API_JOB_ANALYTICS_AT = (
+    "SELECT sftq.api_job_analytics(%s, %s, make_interval(secs => %s),"
+    " make_interval(secs => %s))::text"
+)
+# Authenticate + one page of a job's events (limit, after an event id).
+API_JOB_EVENTS = "SELECT sftq.api_job_events(%s, %s, %s, %s)::text"
+# Authenticate + the queue's capacity (show users, tick interval, usage grace, quota id).
+API_CAPACITY = (
+    "SELECT sftq.api_capacity(%s, %s, make_interval(secs => %s), make_interval(secs => %s),"
+    " %s)::text"
+)
+
 # --- scheduler ---------------------------------------------------------------------
 # Take the tick lease; NULL when another tick holds it.
 TICK_BEGIN = "SELECT sftq.tick_begin(%s, make_interval(secs => %s))"

@@ -86,6 +86,24 @@ class ProgressJob(_Body):
     fireworks_job_name: str | None
 
 
+WaitingCode = Literal["behind_own_running_job", "behind_own_queued_job", "does_not_fit",
+                      "behind_job_that_does_not_fit", "next_tick", "user_disabled",
+                      "scheduler_stalled"]
+
+
+class WaitingReason(_Body):
+    """Why a QUEUED job waits, from the same walk admission makes."""
+
+    code: WaitingCode
+    message: str
+
+
+class Estimate(_Body):
+    """What an estimated_start_at / estimated_finish_at rests on, or why there is none."""
+
+    basis: str
+
+
 class QueuedJob(_Body):
     id: UUID
     display_name: str | None
@@ -93,6 +111,9 @@ class QueuedJob(_Body):
     gpu_count: int
     created_at: str
     queue_position: int
+    waiting_reason: WaitingReason
+    estimated_start_at: str | None
+    estimate: Estimate
 
 
 class QueueContext(_Body):
@@ -142,6 +163,11 @@ class Timeline(_Body):
     completed_at: str | None
 
 
+class Progress(_Body):
+    percent: float | None
+    epoch: int | None
+
+
 class JobAnalytics(_Body):
     id: UUID
     display_name: str | None
@@ -154,6 +180,67 @@ class JobAnalytics(_Body):
     run_duration_seconds: int | None
     gpu_hours: float | None
     error: str | None
+    queue_position: int | None
+    waiting_reason: WaitingReason | None
+    estimated_start_at: str | None
+    estimated_finish_at: str | None
+    estimate: Estimate | None
+    provider_state: str | None
+    progress: Progress | None
+    estimated_cost: Any
+
+
+class Event(_Body):
+    """One entry of a job's history (GET /jobs/{id}/events)."""
+
+    id: str
+    job_id: UUID
+    type: str
+    state: State
+    message: str
+    created_at: str
+    data: dict[str, Any]
+
+
+class EventPage(_Body):
+    data: list[Event]
+    has_more: bool
+
+
+class Quota(_Body):
+    id: str
+    limit: int | None
+    usage: float | None
+    read_at: str | None
+
+
+class JobsAndGpus(_Body):
+    jobs: int
+    gpus: int
+
+
+class CapacityUser(_Body):
+    name: str
+    cap: int | None
+    running_jobs: int
+    running_gpus: int
+    queued_jobs: int
+    queued_gpus: int
+
+
+class SchedulerHealth(_Body):
+    last_tick_at: str | None
+    interval_seconds: float
+    healthy: bool
+
+
+class Capacity(_Body):
+    quota: Quota
+    free_gpus: int | None
+    running: JobsAndGpus
+    queued: JobsAndGpus
+    users: list[CapacityUser]
+    scheduler: SchedulerHealth
 
 
 class Health(_Body):

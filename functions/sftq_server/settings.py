@@ -17,6 +17,13 @@ def _int(name: str, default: int) -> int:
     return int(raw) if raw else default
 
 
+def _bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    return raw.strip().lower() not in ("0", "false", "no", "off")
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str
@@ -35,6 +42,12 @@ class Settings:
     usage_grace_seconds: float = 300.0
     # A tick that dies keeps the lease this long at most.
     tick_lease_seconds: float = 120.0
+    # How often the scheduler ticks. The API judges a stalled scheduler (no tick for 3 of
+    # these) and places estimates on the tick grid with it; `sftq dev` passes its
+    # --tick-interval here.
+    tick_interval_seconds: float = 30.0
+    # GET /capacity names every user with work; false folds the others into one row.
+    capacity_show_users: bool = True
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -51,6 +64,8 @@ class Settings:
             fireworks_timeout_seconds=_float("FIREWORKS_TIMEOUT", 10.0),
             usage_grace_seconds=_float("SFTQ_USAGE_GRACE_SECONDS", 300.0),
             tick_lease_seconds=_float("SFTQ_TICK_LEASE_SECONDS", 120.0),
+            tick_interval_seconds=_float("SFTQ_TICK_INTERVAL_SECONDS", 30.0),
+            capacity_show_users=_bool("SFTQ_CAPACITY_SHOW_USERS", True),
         )
 
 

@@ -206,15 +206,22 @@ def _read_exactly(stream: Any, n: int) -> bytes:
 
 
 class Response:
-    """Status, headers and a finished body; Content-Length is added on the way out."""
+    """Status, headers and a finished body; Content-Length is added on the way out.
 
-    __slots__ = ("status", "headers", "body")
+    A response may instead carry `stream`, an iterable of byte chunks sent as they are
+    produced (no Content-Length: HTTP/1.1 servers send it chunked). The status and headers
+    are final before the first chunk, so a streaming handler does everything that can fail
+    with an error status first."""
+
+    __slots__ = ("status", "headers", "body", "stream")
 
     def __init__(self, status: int, body: bytes = b"",
-                 headers: list[tuple[str, str]] | None = None) -> None:
+                 headers: list[tuple[str, str]] | None = None,
+                 stream: Iterable[bytes] | None = None) -> None:
         self.status = status
         self.body = body
         self.headers: list[tuple[str, str]] = headers if headers is not None else []
+        self.stream = stream
 
     def header(self, name: str) -> str | None:
         low = name.lower()
@@ -380,6 +387,9 @@ def wsgi_app(handler: Handler) -> WSGIApp:
         except Exception as exc:  # handlers map their own errors; this is the last resort
             logger.exception("unhandled error")
             response = error_response(exc)
+        if response.stream is not None:
+            start_response(status_line(response.status), list(response.headers))
+            return response.stream
         body = response.body
         start_response(status_line(response.status),
                        [*response.headers, ("Content-Length", str(len(body)))])
@@ -388,14 +398,17 @@ def wsgi_app(handler: Handler) -> WSGIApp:
     return app
 
 
-def handle_flask(handler: Handler, flask_request: Any) -> tuple[bytes, int, list[tuple[str, str]]]:
+def handle_flask(handler: Handler, flask_request: Any
+                 ) -> tuple[bytes | Iterable[bytes], int, list[tuple[str, str]]]:
     """Serve a flask/functions-framework request with a handler; Flask turns the tuple into a
-    response. The environ is the same WSGI environ, so nothing here depends on Flask."""
+    response (an iterable body becomes a streamed one). The environ is the same WSGI environ,
+    so nothing here depends on Flask."""
     request = Request.from_environ(flask_request.environ, stream=flask_request.stream)
     # werkzeug's stream is already limited to Content-Length; mark it safe to read to the end.
     request._terminated = True
     response = handler(request)
-    return response.body, response.status, response.headers
+    body = response.body if response.stream is None else response.stream
+    return body, response.status, response.headers
 
 
 def simple_app(status: int, message: str, code: str,

@@ -1,48 +1,82 @@
 -- Admission: strict FIFO by (created_at, id) over all kinds, users at cap skipped,
 -- no backfill, GPU budget never overspent.
 
+-- The admission walk: the one place that decides who goes next. sftq._admit runs it and
+-- admits what it returns; sftq.preview_admission and every waiting reason read the same rows.
+CREATE OR REPLACE FUNCTION sftq._admission_walk(p_budget integer)
+RETURNS TABLE (step integer, user_id bigint, job_id uuid, gpu_count integer,
+               created_at timestamptz, budget_before integer, fits boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_budget  integer := p_budget;
+    v_users   bigint[] := '{}';
+    v_step    integer := 0;
+    v_user    bigint;
+    v_head    uuid;
+    v_at      timestamptz;
+    v_gpus    integer;
+BEGIN
+    LOOP
+        -- The candidate is the earliest head among users below their cap. One row per
+        -- user with queued work (users_head_idx), so this never walks the queued jobs
+        -- of users at cap. A user admitted earlier in the walk counts as at cap for the
+        -- rest of it (one admission per user per tick).
+        SELECT u.id, u.head_job_id, u.head_created_at INTO v_user, v_head, v_at
+          FROM sftq.users u
+         WHERE u.head_job_id IS NOT NULL
+           AND u.disabled_at IS NULL
+           AND u.running_count < u.max_running
+           AND u.id <> ALL (v_users)
+         ORDER BY u.head_created_at, u.head_job_id
+         LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        SELECT j.gpu_count INTO v_gpus FROM sftq.jobs j WHERE j.id = v_head;
+        v_step := v_step + 1;
+        step := v_step;
+        user_id := v_user;
+        job_id := v_head;
+        gpu_count := v_gpus;
+        created_at := v_at;
+        budget_before := v_budget;
+        fits := v_gpus <= v_budget;
+        RETURN NEXT;
+        -- No backfill: if the earliest eligible job does not fit, nothing later goes.
+        EXIT WHEN NOT fits;
+        v_budget := v_budget - v_gpus;
+        v_users := v_users || v_user;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION sftq._admission_walk(integer) IS
+    'The admission walk over p_budget GPUs, without writing: one row per eligible head it reaches, in order, with the budget left before it; every row fits but the last, which is the head that does not fit (the blocker), if any. Strict FIFO by (created_at, id) over the heads of users below their cap and not disabled; a user counts as at cap after one admission in the walk. sftq._admit admits exactly the rows that fit; preview_admission and the waiting reasons classify every queued job from the same rows. Reads only, takes no locks (admit holds the exclusive gate around it).';
+
 CREATE OR REPLACE FUNCTION sftq._admit(p_budget integer, p_now timestamptz, p_detail jsonb)
 RETURNS TABLE (job_id uuid, user_id bigint, kind text, gpu_count integer, fireworks_payload jsonb)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_budget    integer := p_budget;
-    v_admitted  bigint[] := '{}';
-    v_user      bigint;
-    v_head      uuid;
-    v_job       sftq.jobs;
+    v_step  record;
+    v_job   sftq.jobs;
 BEGIN
-    LOOP
-        -- The candidate is the earliest head among users below their cap. One row per
-        -- user with queued work (users_head_idx), so this never walks the queued jobs
-        -- of users at cap. A user admitted in this call counts as at cap for the rest of it.
-        SELECT u.id, u.head_job_id INTO v_user, v_head
-          FROM sftq.users u
-         WHERE u.head_job_id IS NOT NULL
-           AND u.disabled_at IS NULL
-           AND u.running_count < u.max_running
-           AND u.id <> ALL (v_admitted)
-         ORDER BY u.head_created_at, u.head_job_id
-         LIMIT 1;
-        EXIT WHEN NOT FOUND;
-
-        SELECT * INTO v_job FROM sftq.jobs j WHERE j.id = v_head;
-        -- No backfill: if the earliest eligible job does not fit, nothing later goes.
-        EXIT WHEN v_job.gpu_count > v_budget;
-
-        v_job := sftq._transition(v_head, 'PROGRESS', p_now, 'scheduler', 'admitted',
+    -- The walk is computed in full before the first transition. Under the exclusive gate
+    -- nothing else changes the queue, and the walk already treats a user it admits as at
+    -- cap, so admitting its rows one by one gives exactly what walking while admitting did.
+    FOR v_step IN SELECT * FROM sftq._admission_walk(p_budget) w WHERE w.fits ORDER BY w.step LOOP
+        v_job := sftq._transition(v_step.job_id, 'PROGRESS', p_now, 'scheduler', 'admitted',
             COALESCE(p_detail, '{}'::jsonb)
-              || jsonb_build_object('gpu_budget', v_budget, 'gpu_count', v_job.gpu_count));
-        v_budget := v_budget - v_job.gpu_count;
-        v_admitted := v_admitted || v_user;
-
+              || jsonb_build_object('gpu_budget', v_step.budget_before,
+                                    'gpu_count', v_step.gpu_count));
         job_id := v_job.id; user_id := v_job.user_id; kind := v_job.kind;
         gpu_count := v_job.gpu_count; fireworks_payload := v_job.fireworks_payload;
         RETURN NEXT;
     END LOOP;
 END
 $$;
+COMMENT ON FUNCTION sftq._admit(integer, timestamptz, jsonb) IS
+    'Admits the jobs sftq._admission_walk(p_budget) says fit, in walk order, each through sftq._transition (event detail: gpu_budget before it, gpu_count, plus p_detail). Callers hold the exclusive admission gate. Locking contract: each admitted job row, then its user row.';
 
 CREATE OR REPLACE FUNCTION sftq.admit(p_available_gpus integer, p_now timestamptz DEFAULT now())
 RETURNS TABLE (job_id uuid, user_id bigint, kind text, gpu_count integer, fireworks_payload jsonb)
@@ -108,65 +142,115 @@ $$;
 COMMENT ON FUNCTION sftq.admit_for_quota(integer, numeric, interval, timestamptz) IS
     'The scheduler''s admission: computes the budget (sftq.admission_budget) and admits (sftq.admit) under one exclusive gate. Returns {budget, ours_total, ours_recent, jobs: [...]}.';
 
-CREATE OR REPLACE FUNCTION sftq.preview_admission(
+-- Why each queued job waits, from the walk's rows and the job's and its user's facts. The
+-- same function words the reasons GET /jobs/analytics/queue and GET /jobs/{id}/analytics
+-- show and the codes preview_admission gives operators. Messages name numbers only: never
+-- another user's name or job id.
+CREATE OR REPLACE FUNCTION sftq.waiting_reason(
+    p_gpu_count      integer,
+    p_own_ahead      bigint,
+    p_disabled       boolean,
+    p_running        integer,
+    p_cap            integer,
+    p_walk_fits      boolean,
+    p_walk_free      integer,
+    p_blocker_gpus   integer,
+    p_blocker_free   integer,
+    p_behind_blocker boolean,
+    p_stalled        text DEFAULT NULL)
+RETURNS TABLE (code text, message text)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.code, CASE c.code
+        WHEN 'user_disabled' THEN
+            'Your account is disabled: its queued jobs are not admitted until an administrator enables it again.'
+        WHEN 'scheduler_stalled' THEN p_stalled
+        WHEN 'behind_own_queued_job' THEN
+            format('Behind %s of your own earlier queued job%s: your jobs start in the order you submitted them.',
+                   p_own_ahead, CASE WHEN p_own_ahead = 1 THEN '' ELSE 's' END)
+        WHEN 'behind_own_running_job' THEN CASE
+            WHEN p_cap <= 0 THEN
+                'Your cap on running jobs is 0: none of your jobs is admitted until an administrator raises it.'
+            ELSE format('You have %s running job%s and may run %s at a time: this job is admitted when one of them ends.',
+                        p_running, CASE WHEN p_running = 1 THEN '' ELSE 's' END, p_cap) END
+        WHEN 'does_not_fit' THEN
+            format('First in line, but it needs %s GPUs while %s are free: it is admitted when running jobs free enough GPUs.',
+                   p_gpu_count, GREATEST(p_walk_free, 0))
+        WHEN 'behind_job_that_does_not_fit' THEN
+            format('Behind an earlier job that needs %s GPUs while %s are free: strict FIFO lets no later job start before it.',
+                   p_blocker_gpus, GREATEST(p_blocker_free, 0))
+        WHEN 'next_tick' THEN CASE
+            WHEN p_walk_fits THEN
+                format('Eligible, and it fits (%s GPUs needed, %s free): the next scheduler tick admits it.',
+                       p_gpu_count, GREATEST(p_walk_free, 0))
+            ELSE 'Waiting for the next scheduler tick.' END
+        END
+      FROM (SELECT CASE
+                WHEN p_disabled THEN 'user_disabled'
+                WHEN p_stalled IS NOT NULL THEN 'scheduler_stalled'
+                WHEN p_own_ahead > 0 THEN 'behind_own_queued_job'
+                WHEN p_running >= p_cap THEN 'behind_own_running_job'
+                WHEN p_walk_fits THEN 'next_tick'
+                WHEN p_walk_fits IS NOT NULL THEN 'does_not_fit'
+                WHEN p_behind_blocker THEN 'behind_job_that_does_not_fit'
+                ELSE 'next_tick'
+            END AS code) c
+$$;
+COMMENT ON FUNCTION sftq.waiting_reason(integer, bigint, boolean, integer, integer, boolean, integer, integer, integer, boolean, text) IS
+    'Why a QUEUED job waits, as {code, message}, from the admission walk (sftq._admission_walk): p_walk_fits is true when the walk admits the job, false when it is the head that does not fit, NULL when the walk does not reach it; p_walk_free is the budget left before it in the walk; p_blocker_* describe the walk''s non-fitting head and whether this job comes after it. Precedence: user_disabled, scheduler_stalled (p_stalled is its message), behind_own_queued_job, behind_own_running_job, next_tick, does_not_fit, behind_job_that_does_not_fit. Messages give numbers, never another user''s name or job id. Pure.';
+
+DROP FUNCTION IF EXISTS sftq.preview_admission(integer, integer, timestamptz);
+CREATE FUNCTION sftq.preview_admission(
     p_available_gpus  integer,
     p_limit           integer DEFAULT 100,
     p_now             timestamptz DEFAULT now())
 RETURNS TABLE (queue_rank bigint, job_id uuid, user_name text, kind text, gpu_count integer,
-               created_at timestamptz, decision text, reason text)
-LANGUAGE plpgsql STABLE
+               created_at timestamptz, decision text, reason text, code text)
+LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_budget      integer := p_available_gpus;
-    v_would       uuid[] := '{}';
-    v_users       bigint[] := '{}';
-    v_blocker     uuid;
-    v_blocker_g   integer;
-    v_user        bigint;
-    v_head        uuid;
-    v_gpus        integer;
-BEGIN
-    -- Run the admission walk without writing anything.
-    LOOP
-        SELECT u.id, u.head_job_id INTO v_user, v_head
-          FROM sftq.users u
-         WHERE u.head_job_id IS NOT NULL AND u.disabled_at IS NULL
-           AND u.running_count < u.max_running AND u.id <> ALL (v_users)
-         ORDER BY u.head_created_at, u.head_job_id
-         LIMIT 1;
-        EXIT WHEN NOT FOUND;
-        SELECT j.gpu_count INTO v_gpus FROM sftq.jobs j WHERE j.id = v_head;
-        IF v_gpus > v_budget THEN
-            v_blocker := v_head; v_blocker_g := v_gpus;
-            EXIT;
-        END IF;
-        v_budget := v_budget - v_gpus;
-        v_would := v_would || v_head;
-        v_users := v_users || v_user;
-    END LOOP;
-
-    RETURN QUERY
-    SELECT row_number() OVER (ORDER BY q.created_at, q.id), q.id, u.name, q.kind, q.gpu_count, q.created_at,
-           CASE WHEN q.id = ANY (v_would) THEN 'admit' ELSE 'wait' END,
-           CASE
-             WHEN q.id = ANY (v_would) THEN format('admitted: needs %s GPUs', q.gpu_count)
-             WHEN u.disabled_at IS NOT NULL THEN 'user is disabled'
-             WHEN q.id <> u.head_job_id THEN format('behind the same user''s earlier queued job %s', u.head_job_id)
-             WHEN u.running_count >= u.max_running THEN
-                 format('user at cap: %s running of %s allowed', u.running_count, u.max_running)
-             WHEN u.id = ANY (v_users) THEN 'user gets another job admitted in this round'
-             WHEN q.id = v_blocker THEN
-                 format('does not fit: needs %s GPUs while %s are free', q.gpu_count, v_budget)
-             WHEN v_blocker IS NOT NULL THEN
-                 format('behind head job %s that needs %s GPUs while %s are free', v_blocker, v_blocker_g, v_budget)
-             ELSE 'waiting'
-           END
-      FROM (SELECT * FROM sftq.jobs j WHERE j.state = 'QUEUED'
-             ORDER BY j.created_at, j.id LIMIT p_limit) q
+    WITH walk AS (
+        SELECT * FROM sftq._admission_walk(p_available_gpus)
+    ), blocker AS (
+        SELECT w.job_id, w.created_at, w.gpu_count, w.budget_before FROM walk w WHERE NOT w.fits
+    ), q AS (
+        -- The head of the queue, in FIFO order: every queued job of a user that comes
+        -- before one listed here is listed too, so own_ahead is exact.
+        SELECT j.*, row_number() OVER (PARTITION BY j.user_id ORDER BY j.created_at, j.id) - 1
+                        AS own_ahead
+          FROM (SELECT * FROM sftq.jobs j WHERE j.state = 'QUEUED'
+                 ORDER BY j.created_at, j.id LIMIT p_limit) j
+    )
+    SELECT row_number() OVER (ORDER BY q.created_at, q.id), q.id, u.name, q.kind, q.gpu_count,
+           q.created_at,
+           CASE WHEN w.fits THEN 'admit' ELSE 'wait' END,
+           -- The operator's wording: operators may see every user and job.
+           CASE r.code
+               WHEN 'next_tick' THEN CASE WHEN w.fits THEN format('admitted: needs %s GPUs', q.gpu_count)
+                                          ELSE 'waiting' END
+               WHEN 'user_disabled' THEN 'user is disabled'
+               WHEN 'behind_own_queued_job' THEN
+                   format('behind the same user''s earlier queued job %s', u.head_job_id)
+               WHEN 'behind_own_running_job' THEN
+                   format('user at cap: %s running of %s allowed', u.running_count, u.max_running)
+               WHEN 'does_not_fit' THEN
+                   format('does not fit: needs %s GPUs while %s are free', q.gpu_count, w.budget_before)
+               WHEN 'behind_job_that_does_not_fit' THEN
+                   format('behind head job %s that needs %s GPUs while %s are free',
+                          b.job_id, b.gpu_count, b.budget_before)
+               ELSE 'waiting'
+           END,
+           r.code
+      FROM q
       JOIN sftq.users u ON u.id = q.user_id
-     ORDER BY q.created_at, q.id;
-END
+      LEFT JOIN walk w ON w.job_id = q.id
+      LEFT JOIN blocker b ON true
+     CROSS JOIN LATERAL sftq.waiting_reason(
+           q.gpu_count, q.own_ahead, u.disabled_at IS NOT NULL, u.running_count, u.max_running,
+           w.fits, w.budget_before, b.gpu_count, b.budget_before,
+           (b.created_at, b.job_id) < (q.created_at, q.id)) r
+     ORDER BY q.created_at, q.id
 $$;
 COMMENT ON FUNCTION sftq.preview_admission(integer, integer, timestamptz) IS
-    'What admit(p_available_gpus) would do now and why each of the first p_limit queued jobs (FIFO order) waits. Changes nothing, takes no locks.';
+    'What admit(p_available_gpus) would do now and why each of the first p_limit queued jobs (FIFO order) waits: the admission walk (sftq._admission_walk) classified by sftq.waiting_reason, so code is the code users see; reason is the operator''s wording (it names users'' job ids). Changes nothing, takes no locks.';

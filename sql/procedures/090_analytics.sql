@@ -1,38 +1,14 @@
 -- Per-user analytics with the contract's shapes and definitions. All read-only.
 
-CREATE OR REPLACE FUNCTION sftq.queue_context(p_user_id bigint)
+CREATE OR REPLACE FUNCTION sftq.queue_context(
+    p_user_id        bigint,
+    p_now            timestamptz,
+    p_tick_interval  interval,
+    p_usage_grace    interval)
 RETURNS json
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    WITH mine AS (
-        -- At most 100 of the caller's queued jobs, oldest first (documented bound).
-        SELECT q.*, row_number() OVER (ORDER BY q.created_at, q.id) AS k
-          FROM (SELECT j.id, j.display_name, j.kind, j.gpu_count, j.created_at
-                  FROM sftq.jobs j
-                 WHERE j.user_id = p_user_id AND j.state = 'QUEUED'
-                 ORDER BY j.created_at, j.id
-                 LIMIT 100) q
-    ), gaps AS (
-        -- queue_position (the contract's: other users' QUEUED jobs created earlier) in ONE
-        -- walk of jobs_queued_idx instead of one count from the queue's start per job:
-        -- n = every QUEUED job from my previous listed job (inclusive) up to this one
-        -- (exclusive). Mine are consecutive in FIFO order, so the running sum of n is the
-        -- number of all QUEUED jobs ahead of this one, of which k - 1 are mine. The counts
-        -- touch only (created_at, id) of the partial index, so they are index-only scans.
-        SELECT m.*,
-               (SELECT count(*) FROM sftq.jobs o
-                 WHERE o.state = 'QUEUED'
-                   AND (o.created_at, o.id) < (m.created_at, m.id)
-                   AND (o.created_at, o.id) >= (COALESCE(p.created_at, '-infinity'),
-                                                COALESCE(p.id, '00000000-0000-0000-0000-000000000000'))
-               ) AS n
-          FROM mine m
-          LEFT JOIN mine p ON p.k = m.k - 1
-    ), ranked AS (
-        SELECT g.*, (sum(g.n) OVER (ORDER BY g.k) - (g.k - 1))::bigint AS queue_position
-          FROM gaps g
-    )
     SELECT json_build_object(
         'your_progress_job', (
             SELECT json_build_object('id', j.id, 'display_name', j.display_name, 'kind', j.kind,
@@ -43,17 +19,34 @@ AS $$
              ORDER BY j.started_at, j.id
              LIMIT 1),
         'your_queued_jobs', COALESCE((
-            SELECT json_agg(json_build_object('id', r.id, 'display_name', r.display_name, 'kind', r.kind,
-                                              'gpu_count', r.gpu_count, 'created_at', sftq._iso(r.created_at),
-                                              'queue_position', r.queue_position)
-                            ORDER BY r.created_at, r.id)
-              FROM ranked r), '[]'::json),
+            SELECT json_agg(json_build_object(
+                       'id', v.id, 'display_name', v.display_name, 'kind', v.kind,
+                       'gpu_count', v.gpu_count, 'created_at', sftq._iso(v.created_at),
+                       'queue_position', v.queue_position,
+                       'waiting_reason', json_build_object('code', v.waiting_code,
+                                                           'message', v.waiting_message),
+                       'estimated_start_at', sftq._iso(v.estimated_start_at),
+                       'estimate', json_build_object('basis', v.estimate_basis))
+                            ORDER BY v.created_at, v.id)
+              FROM sftq.queue_view(p_user_id, p_now, p_tick_interval, p_usage_grace) v), '[]'::json),
         'global_queue_depth', (SELECT COALESCE(sum(u.queued_count), 0)::bigint FROM sftq.users u),
         'global_progress_count', (SELECT count(*) FROM sftq.jobs j WHERE j.state = 'PROGRESS'),
         'global_gpu_in_use', (SELECT COALESCE(sum(j.gpu_count), 0)::bigint FROM sftq.jobs j WHERE j.state = 'PROGRESS'))
 $$;
+COMMENT ON FUNCTION sftq.queue_context(bigint, timestamptz, interval, interval) IS
+    'GET /jobs/analytics/queue: the caller''s running job; every one of their queued jobs (FIFO order) with queue_position = other users'' QUEUED jobs created earlier, waiting_reason, estimated_start_at and estimate (sftq.queue_view); global depth, running count and GPUs in use. Cost: the positions take one index-only walk of the queue up to the caller''s last queued job (O(its position)); the reasons one admission walk; the estimates a simulation bounded by its window and step count; the global figures read the users table and the running jobs only. Reads only, takes no locks.';
+
+-- The one-argument form predates the waiting reasons: the defaults of the deployment
+-- settings (30 s ticks, 300 s usage grace), at now().
+CREATE OR REPLACE FUNCTION sftq.queue_context(p_user_id bigint)
+RETURNS json
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT sftq.queue_context(p_user_id, now(), interval '30 seconds', interval '5 minutes')
+$$;
 COMMENT ON FUNCTION sftq.queue_context(bigint) IS
-    'The caller''s running job, their queued jobs (first 100) with queue_position = other users'' QUEUED jobs created earlier, and global depth, running count and GPUs in use. Cost: the positions take one index-only walk of the queue up to the caller''s 100th listed job (O(its position)); the global figures read the users table and the running jobs only. Reads only, takes no locks.';
+    'sftq.queue_context at now() with the default tick interval (30 s) and usage grace (300 s). Reads only.';
 
 CREATE OR REPLACE FUNCTION sftq.summary(p_user_id bigint)
 RETURNS json
@@ -95,11 +88,27 @@ $$;
 COMMENT ON FUNCTION sftq.summary(bigint) IS
     'Lifetime figures for the caller: total, by_state and by_kind (every key present), success_rate = SUCCESS/(SUCCESS+FAIL+CANCELLED) or null, avg_run_duration_seconds and total_gpu_hours over SUCCESS jobs, and the 10 newest FAIL jobs. Reads the user''s counters and jobs_user_failed_idx only, so its cost does not grow with the user''s history. Reads only.';
 
-CREATE OR REPLACE FUNCTION sftq.job_analytics(p_user_id bigint, p_job_id uuid)
+CREATE OR REPLACE FUNCTION sftq.job_analytics(
+    p_user_id        bigint,
+    p_job_id         uuid,
+    p_now            timestamptz,
+    p_tick_interval  interval,
+    p_usage_grace    interval)
 RETURNS json
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+    WITH j AS (
+        SELECT * FROM sftq.get_job(p_user_id, p_job_id)
+    ), qv AS (
+        SELECT v.* FROM j CROSS JOIN LATERAL sftq.queue_view(
+                   p_user_id, p_now, p_tick_interval, p_usage_grace, j.created_at, j.id) v
+         WHERE j.state = 'QUEUED' AND v.id = j.id
+    ), fin AS (
+        SELECT f.* FROM j CROSS JOIN LATERAL sftq.finish_estimate(
+                   j.id, j.kind, j.gpu_count, j.started_at, j.submitted_at, p_now) f
+         WHERE j.state = 'PROGRESS'
+    )
     SELECT json_build_object(
         'id', j.id, 'display_name', j.display_name, 'kind', j.kind, 'state', j.state,
         'gpu_count', j.gpu_count, 'fireworks_job_name', j.fireworks_job_name,
@@ -109,8 +118,32 @@ AS $$
         'queue_wait_seconds', round(extract(epoch FROM j.started_at - j.created_at))::bigint,
         'run_duration_seconds', round(extract(epoch FROM j.completed_at - j.started_at))::bigint,
         'gpu_hours', round(j.gpu_count * extract(epoch FROM j.completed_at - j.started_at) / 3600, 3),
-        'error', j.error)
-      FROM sftq.get_job(p_user_id, p_job_id) j
+        'error', j.error,
+        -- Added by the visibility issue; every key is present, null when there is nothing to say.
+        'queue_position', qv.queue_position,
+        'waiting_reason', CASE WHEN qv.id IS NOT NULL
+                               THEN json_build_object('code', qv.waiting_code, 'message', qv.waiting_message) END,
+        'estimated_start_at', sftq._iso(qv.estimated_start_at),
+        'estimated_finish_at', sftq._iso(fin.finish_at),
+        'estimate', CASE WHEN qv.id IS NOT NULL THEN json_build_object('basis', qv.estimate_basis)
+                         WHEN fin.finish_at IS NOT NULL THEN json_build_object('basis', fin.basis) END,
+        'provider_state', j.provider_state,
+        'progress', CASE WHEN j.progress_percent IS NOT NULL OR j.progress_epoch IS NOT NULL
+                         THEN json_build_object('percent', j.progress_percent, 'epoch', j.progress_epoch) END,
+        'estimated_cost', j.estimated_cost)
+      FROM j
+      LEFT JOIN qv ON true
+      LEFT JOIN fin ON true
+$$;
+COMMENT ON FUNCTION sftq.job_analytics(bigint, uuid, timestamptz, interval, interval) IS
+    'GET /jobs/{id}/analytics: timeline, queue wait, run duration and GPU hours of one of the caller''s jobs (null where not known yet); for a QUEUED job its queue_position, waiting_reason, estimated_start_at and estimate (sftq.queue_view up to this job); for a PROGRESS job estimated_finish_at and estimate (sftq.finish_estimate); the provider''s state, progress and estimated cost as last reported. SQ404 when not theirs. Reads only.';
+
+CREATE OR REPLACE FUNCTION sftq.job_analytics(p_user_id bigint, p_job_id uuid)
+RETURNS json
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT sftq.job_analytics(p_user_id, p_job_id, now(), interval '30 seconds', interval '5 minutes')
 $$;
 COMMENT ON FUNCTION sftq.job_analytics(bigint, uuid) IS
-    'Timeline, queue wait, run duration and GPU hours of one of the caller''s jobs (null where not known yet); SQ404 when not theirs.';
+    'sftq.job_analytics at now() with the default tick interval (30 s) and usage grace (300 s); SQ404 when not the caller''s. Reads only.';

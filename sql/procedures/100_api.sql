@@ -137,6 +137,26 @@ AS $$
     SELECT sftq.job_analytics(sftq._auth(p_key_hash), p_job_id)
 $$;
 
+-- The analytics entry points with the deployment's tick interval and usage grace (the
+-- waiting reasons and estimates need them); the forms above use the defaults.
+CREATE OR REPLACE FUNCTION sftq.api_queue_context(p_key_hash bytea, p_tick_interval interval,
+                                                  p_usage_grace interval)
+RETURNS json
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT sftq.queue_context(sftq._auth(p_key_hash), now(), p_tick_interval, p_usage_grace)
+$$;
+
+CREATE OR REPLACE FUNCTION sftq.api_job_analytics(p_key_hash bytea, p_job_id uuid,
+                                                  p_tick_interval interval, p_usage_grace interval)
+RETURNS json
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT sftq.job_analytics(sftq._auth(p_key_hash), p_job_id, now(), p_tick_interval, p_usage_grace)
+$$;
+
 CREATE OR REPLACE FUNCTION sftq.api_health()
 RETURNS json
 LANGUAGE sql STABLE SECURITY DEFINER
@@ -154,6 +174,8 @@ COMMENT ON FUNCTION sftq.api_complete_cancel(bytea, uuid) IS 'DELETE /jobs/:id, 
 COMMENT ON FUNCTION sftq.api_queue_context(bytea) IS 'GET /jobs/analytics/queue.';
 COMMENT ON FUNCTION sftq.api_summary(bytea) IS 'GET /jobs/analytics/summary.';
 COMMENT ON FUNCTION sftq.api_job_analytics(bytea, uuid) IS 'GET /jobs/:id/analytics.';
+COMMENT ON FUNCTION sftq.api_queue_context(bytea, interval, interval) IS 'GET /jobs/analytics/queue with the deployment''s tick interval and usage grace.';
+COMMENT ON FUNCTION sftq.api_job_analytics(bytea, uuid, interval, interval) IS 'GET /jobs/:id/analytics with the deployment''s tick interval and usage grace.';
 COMMENT ON FUNCTION sftq.api_health() IS 'Health probe: the database answers; when the last tick started.';
 
 -- Replaced by sftq.authenticate skipping its last_used_at touch in a read-only transaction.

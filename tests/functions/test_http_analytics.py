@@ -20,13 +20,19 @@ from sftq_server.web import wsgi_app
 QUEUE_KEYS = {"your_progress_job", "your_queued_jobs", "global_queue_depth",
               "global_progress_count", "global_gpu_in_use"}
 PROGRESS_JOB_KEYS = {"id", "display_name", "kind", "gpu_count", "started_at", "fireworks_job_name"}
-QUEUED_JOB_KEYS = {"id", "display_name", "kind", "gpu_count", "created_at", "queue_position"}
+QUEUED_JOB_KEYS = {"id", "display_name", "kind", "gpu_count", "created_at", "queue_position",
+                   # Added by the visibility issue (test_http_visibility.py checks the values).
+                   "waiting_reason", "estimated_start_at", "estimate"}
 SUMMARY_KEYS = {"total", "by_state", "by_kind", "success_rate", "avg_run_duration_seconds",
                 "total_gpu_hours", "recent_failures"}
 FAILURE_KEYS = {"id", "display_name", "kind", "gpu_count", "error", "failed_at"}
 JOB_ANALYTICS_KEYS = {"id", "display_name", "kind", "state", "gpu_count", "fireworks_job_name",
                       "timeline", "queue_wait_seconds", "run_duration_seconds", "gpu_hours",
-                      "error"}
+                      "error",
+                      # Added by the visibility issue (test_http_visibility.py checks them).
+                      "queue_position", "waiting_reason", "estimated_start_at",
+                      "estimated_finish_at", "estimate", "provider_state", "progress",
+                      "estimated_cost"}
 
 
 def finished(api: Api, db: Db, key: str, state: str, *, gpus: int = 4, wait: float = 90,

@@ -380,12 +380,18 @@ def test_list_filters_by_state_and_kind(api: Api, db: Db, alice: str) -> None:
     assert ids("?kind=SFT&state=QUEUED") == []
 
 
-def test_default_page_is_100_with_a_cursor_to_the_rest(api: Api, alice: str) -> None:
+def test_without_limit_every_job_and_pages_of_100_when_asked(api: Api, alice: str) -> None:
+    # The contract's "all of your jobs, newest first": no paging parameter, no page.
     ids = [api.enqueue(alice) for _ in range(105)][::-1]
-    first = api.get("/jobs", alice)
+    everything = api.get("/jobs", alice)
+    assert [j["id"] for j in everything.json] == ids  # type: ignore[union-attr]
+    assert "X-Next-Cursor" not in everything.headers and "Link" not in everything.headers
+    # Paging when asked for, as before (see test_http_visibility.py for the long lists).
+    first = api.get("/jobs?limit=100", alice)
     assert [j["id"] for j in first.json] == ids[:100]  # type: ignore[union-attr]
     cursor = first.headers["X-Next-Cursor"]
-    assert first.headers["Link"] == f'</jobs?cursor={cursor}>; rel="next"'
+    assert first.headers["Link"] == f'</jobs?limit=100&cursor={cursor}>; rel="next"'
+    # A cursor alone pages by 100.
     second = api.get(f"/jobs?cursor={cursor}", alice)
     assert [j["id"] for j in second.json] == ids[100:]  # type: ignore[union-attr]
     assert "X-Next-Cursor" not in second.headers

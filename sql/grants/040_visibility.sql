@@ -1,0 +1,20 @@
+-- Privileges for the visibility features (job history, waiting reasons, estimates, capacity).
+-- Runs after 010_roles.sql, which revokes everything first.
+
+GRANT EXECUTE ON FUNCTION
+    sftq.api_queue_context(bytea, interval, interval),
+    sftq.api_job_analytics(bytea, uuid, interval, interval),
+    sftq.api_job_events(bytea, uuid, integer, bigint),
+    sftq.api_capacity(bytea, boolean, interval, interval, text)
+TO sftq_api;
+
+-- The scheduler's admission runs the shared walk, and its preview the shared reasons.
+GRANT EXECUTE ON FUNCTION
+    sftq._admission_walk(integer),
+    sftq.waiting_reason(integer, bigint, boolean, integer, integer, boolean, integer, integer,
+                        integer, boolean, text)
+TO sftq_scheduler;
+
+-- jobs_success_runs_idx is built on sftq.gpu_class: every role that moves a job to SUCCESS
+-- evaluates it (the api_* functions run as their owner, who has it already).
+GRANT EXECUTE ON FUNCTION sftq.gpu_class(integer) TO sftq_scheduler;
