@@ -436,6 +436,10 @@ def make_jobs_api(settings: Settings, *, db: dbmod.Database | None = None,
 
     router.add("GET", "/jobs/{id}/events", EventsApi(api.db).list_events)
     router.add("GET", "/capacity", CapacityApi(settings, api.db).capacity)
+    # The web dashboard: its page and files, and the read-only routes it reads.
+    from .api_dashboard import add_routes as add_dashboard_routes
+
+    add_dashboard_routes(router, settings, api.db)
     return ApiApp(router, api, name="jobs-api", mount_prefix="/functions/v1/jobs-api")
 
 
