@@ -48,7 +48,8 @@ DATABASE_NAME = "sftq"
 # The simulator accepts any bearer key; the provider client still wants one to send.
 SIMULATOR_API_KEY = "sim-placeholder-key"
 SIMULATOR_ACCOUNT = "sim-account"
-ENV_NAMES = ("SUPABASE_URL", "DATABASE_URL", "SIMULATOR_URL", "SFTQ_TICK_SECRET", "SFTQ_API_KEY")
+ENV_NAMES = ("SUPABASE_URL", "DATABASE_URL", "SIMULATOR_URL", "SFTQ_TICK_SECRET", "SFTQ_API_KEY",
+             "DASHBOARD_URL")
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -318,6 +319,7 @@ class DevStack:
             "SIMULATOR_URL": sim_url,
             "SFTQ_TICK_SECRET": tick_secret,
             "SFTQ_API_KEY": api_key,
+            "DASHBOARD_URL": f"{base}/functions/v1/jobs-api/dashboard",
         }
         lines = env_lines(self.values)
         for line in lines:
