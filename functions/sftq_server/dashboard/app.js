@@ -110,6 +110,9 @@ function startSession(key) {
   session.hidden = false;
   live = new Live(api, {
     onFrame: (frame) => {
+      // How many frames arrived (a test, or a curious person in the inspector, can read it).
+      const root = document.documentElement;
+      root.dataset.frames = String(Number(root.dataset.frames || 0) + 1);
       if (current && current.view.onFrame) current.view.onFrame(frame);
     },
     onPoll: () => {

@@ -17,6 +17,10 @@ function gauge(usage, limit) {
     h("figcaption", {}, label));
 }
 
+function plural(n, word) {
+  return `${n} ${word}${n === 1 ? "" : "s"}`;
+}
+
 export function mount(ctx) {
   const {api, main, notice} = ctx;
   let unmounted = false;
@@ -42,8 +46,8 @@ export function mount(ctx) {
       h("div", {class: "stats"},
         stat("free GPUs", c.free_gpus === null ? "–" : String(c.free_gpus),
           "what admission may spend now"),
-        stat("running", `${c.running.jobs} jobs`, `on ${c.running.gpus} GPUs`),
-        stat("queued", `${c.queued.jobs} jobs`, `wanting ${c.queued.gpus} GPUs`)),
+        stat("running", plural(c.running.jobs, "job"), `on ${plural(c.running.gpus, "GPU")}`),
+        stat("queued", plural(c.queued.jobs, "job"), `wanting ${plural(c.queued.gpus, "GPU")}`)),
       h("section", {class: "card", "aria-labelledby": "sched-h"},
         h("h2", {id: "sched-h"}, "Scheduler"),
         h("p", {id: "scheduler-health"},

@@ -68,7 +68,7 @@ export function mount(ctx) {
       title: `Success rate by kind, jobs submitted in the last ${hist.days} days`,
       bars: hist.by_kind.map((k) => ({
         label: k.kind, value: k.success_rate,
-        note: `${k.succeeded} of ${k.succeeded + k.failed + k.cancelled} ended`,
+        note: `${k.succeeded} of ${k.succeeded + k.failed + k.cancelled} succeeded`,
       })),
     }, width)));
   }

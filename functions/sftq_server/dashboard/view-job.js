@@ -116,7 +116,8 @@ export function mount(ctx) {
     }
     const list = [];
     if (job.state === "QUEUED") {
-      list.push(field("Position", a.queue_position === null ? null : String(a.queue_position)));
+      list.push(field("Other users' jobs ahead", a.queue_position === null ? null
+        : String(a.queue_position)));
       list.push(field("Estimated start (an estimate)", a.estimated_start_at
         ? h("span", {}, timeEl(a.estimated_start_at), ` (${fmtRelative(a.estimated_start_at)})`)
         : "none"));

@@ -63,7 +63,7 @@ export function mount(ctx) {
       return h("div", {class: "details"},
         h("span", {class: "reason", dataset: {code: reason.code || ""}}, reason.message || ""),
         h("span", {class: "meta"},
-          `Position ${q.queue_position} · `,
+          `${q.queue_position} job${q.queue_position === 1 ? "" : "s"} of others ahead · `,
           q.estimated_start_at
             ? h("span", {}, "estimated start ", timeEl(q.estimated_start_at),
               ` (${fmtRelative(q.estimated_start_at)}, an estimate)`)
@@ -97,11 +97,11 @@ export function mount(ctx) {
     return h("tr", {dataset: {jobId: job.id, state: job.state}},
       h("td", {"data-label": "State"}, stateBadge(job.state)),
       h("td", {"data-label": "Kind"}, job.kind),
-      h("td", {"data-label": "Name", class: "name"},
+      h("td", {"data-label": "Name", class: "name"}, h("span", {},
         href ? h("a", {href, dataset: {key: `job-${job.id}`}},
           job.display_name === null ? h("span", {class: "muted"}, "(no name)") : job.display_name)
           : job.display_name,
-        h("span", {class: "id muted"}, ` ${shortId(job.id)}`)),
+        h("span", {class: "id muted"}, ` ${shortId(job.id)}`))),
       h("td", {"data-label": "GPUs", class: "num"}, String(job.gpu_count)),
       h("td", {"data-label": "Created"}, timeEl(job.created_at)),
       h("td", {"data-label": "Waited", class: "num"}, waited === null ? "–" : fmtDuration(waited)),
