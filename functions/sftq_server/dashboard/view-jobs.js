@@ -185,8 +185,11 @@ export function mount(ctx) {
       drawPager();
       if (!firstPaintMarked) {
         firstPaintMarked = true;
-        performance.mark("sftq:first-jobs");
-        document.documentElement.dataset.firstJobs = "1";
+        // After the frame that shows the table: when a person sees their jobs.
+        requestAnimationFrame(() => setTimeout(() => {
+          performance.mark("sftq:first-jobs");
+          document.documentElement.dataset.firstJobs = "1";
+        }, 0));
       }
       await loadDetails(gen);
     } catch (err) {
