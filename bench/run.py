@@ -25,7 +25,8 @@ from common import BENCH, Bench, background_cores, machine_info, write_json  # n
 # Above this much CPU used by other processes, the run says its figures are disturbed.
 QUIET_CORES = 0.25
 
-SECTIONS = ("enqueue", "admission", "analytics", "tick", "footprint", "profile", "stream")
+SECTIONS = ("enqueue", "admission", "analytics", "tick", "footprint", "profile", "stream",
+            "visibility")
 
 
 def _module(name: str) -> Any:

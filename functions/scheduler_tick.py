@@ -35,6 +35,18 @@ def _build() -> TickApp:
 _app = Lazy(_build)
 
 
+def _refuse_a_weak_secret() -> None:
+    # A host starts the function by importing this module: a tick secret that is too short
+    # stops it here, with the reason in the log, rather than guarding the tick weakly.
+    from sftq_server.settings import get_settings
+    from sftq_server.tick_http import require_tick_secret
+
+    require_tick_secret(get_settings())
+
+
+_refuse_a_weak_secret()
+
+
 def scheduler_tick(request: Any) -> tuple[bytes, int, dict[str, str]]:
     """POST with `Authorization: Bearer $SFTQ_TICK_SECRET` runs one scheduler tick."""
     status, headers, body = _app.get().handle(request.method, request.headers.get("Authorization"))

@@ -1,48 +1,69 @@
 #!/usr/bin/env bash
 # Deploys finetune-queue for real: the queue database on a Supabase project, the three
-# HTTP functions on Cloud Run functions with their secrets in Secret Manager, and the
-# pg_cron job that fires the scheduler tick. docs/operations.md explains each step.
+# HTTP functions on Cloud Run (as services from one container image, or as Cloud Run
+# functions) with their secrets in Secret Manager, and the pg_cron job that fires the
+# scheduler tick. docs/operations.md explains each step.
 #
-# Every command it runs goes through `run`, which first prints it, one line, shell-quoted,
-# with secrets shown as ***. With --dry-run it prints them and runs nothing (it still
-# stages the functions' source folders locally, so that what would be uploaded can be
-# inspected). Commands are printed relative to the repository root, where the script runs.
+# Every command it runs goes through `run` (or run_cmd), which first prints it, one line,
+# shell-quoted, with secrets shown as ***. With --dry-run it prints them and runs nothing (it
+# still stages the source folders locally, so that what would be uploaded can be inspected).
+# Commands are printed relative to the repository root, where the script runs.
+#
+# No secret is ever on a command line (where `ps` shows it to every local user): gcloud and
+# psql get values on stdin, sftq gets DATABASE_URL in its environment, psql gets the URL
+# without its password and the password as PGPASSWORD in its environment.
 set -euo pipefail
 
 usage() {
     cat <<'EOF'
 usage: infra/deploy.sh [--dry-run] [--only NAMES] STEP...
 
-Steps (run in the order given; `all` = db secrets functions cron):
-  db          apply migrations to SUPABASE_DB_URL; create the login roles asked for
+Steps (run in the order given; `all` = db secrets services cron):
+  db          apply migrations to SUPABASE_DB_URL; create the login roles asked for; check
+              that Supabase's Data API cannot reach schema sftq
   secrets     store the functions' secrets in Secret Manager (a new version each run)
-  functions   stage and deploy jobs-api, analytics and scheduler-tick (gen2, python311)
-  cron        schedule the 30-second tick with pg_cron (running it again replaces the job)
+  services    build the container image (granian, Dockerfile) with Cloud Build and deploy
+              jobs-api, analytics and scheduler-tick as Cloud Run services from it
+  functions   or: stage and deploy them as Cloud Run functions (gen2, python311)
+  cron        schedule the 30-second tick with pg_cron (running it again replaces the job),
+              close pg_net to other roles, and check that it is closed
   unschedule  remove the tick's pg_cron job
-  all         db, secrets, functions, cron
+  all         db, secrets, services, cron
 
 Options:
   -n, --dry-run  print the exact commands, one per line, secrets masked; run nothing
-  --only NAMES   with a single `secrets` or `functions` step: only these (comma-separated)
+  --only NAMES   with a single `secrets`, `services` or `functions` step: only these
+                 (comma-separated)
                  secrets: database-url, api-database-url, analytics-database-url,
                           fireworks-api-key, tick-secret
-                 functions: jobs-api, analytics, scheduler-tick
+                 services, functions: jobs-api, analytics, scheduler-tick
 
 Settings (environment variables):
-  SUPABASE_DB_URL           direct or session connection, port 5432 (db, cron, unschedule)
-  SUPABASE_POOLER_URL       transaction pooler, port 6543, as the owner role (secrets)
+  SUPABASE_DB_URL           direct or session connection, port 5432 (db, cron, unschedule);
+                            the owner's URL is used for these only, never by a function
+  SUPABASE_POOLER_URL       transaction pooler, port 6543 (secrets: its host and user suffix)
   SFTQ_API_DB_PASSWORD      db: create/update login role sftq_api_login (member of sftq_api);
                             secrets: derive the API functions' DATABASE_URL from the pooler URL
   SFTQ_API_DATABASE_URL     secrets: the API functions' DATABASE_URL, instead of deriving it
+  SFTQ_SCHEDULER_DB_PASSWORD  db: create/update login role sftq_scheduler_login (member of
+                            sftq_scheduler); secrets: scheduler-tick's DATABASE_URL from the pooler URL
+  SFTQ_SCHEDULER_DATABASE_URL  secrets: scheduler-tick's DATABASE_URL, instead of deriving it
   SFTQ_ANALYST_DB_PASSWORD  db: create/update login role sftq_analyst_login (member of sftq_analyst)
-  SFTQ_API_LOGIN_ROLE, SFTQ_ANALYST_LOGIN_ROLE   login role names (defaults above)
+  SFTQ_API_LOGIN_ROLE, SFTQ_SCHEDULER_LOGIN_ROLE, SFTQ_ANALYST_LOGIN_ROLE   login role names
+  SUPABASE_ACCESS_TOKEN     db: a personal access token, to check through Supabase's Management
+                            API that sftq is not among the Data API's exposed schemas
+  SUPABASE_PROJECT_REF      the project ref (default: read from SUPABASE_DB_URL)
   ANALYTICS_DATABASE_URL    secrets: DATABASE_URL of the analytics function (default: the API's)
   FIREWORKS_API_KEY         secrets
-  SFTQ_TICK_SECRET          secrets, cron: the bearer secret scheduler-tick requires
-  GCP_PROJECT, GCP_REGION   secrets (project), functions, cron (to derive the tick URL)
+  SFTQ_TICK_SECRET          secrets, cron: the tick secret (at least 32 characters)
+  GCP_PROJECT, GCP_REGION   secrets (project), services, functions, cron (to derive the tick URL)
   GCP_SERVICE_ACCOUNT       optional: runtime identity of the functions, granted access to the secrets
-  FIREWORKS_ACCOUNT_ID      functions
-  SFTQ_TICK_URL             cron: the tick URL (default https://REGION-PROJECT.cloudfunctions.net/scheduler-tick)
+  FIREWORKS_ACCOUNT_ID      services, functions
+  SFTQ_IMAGE_TAG            services: the image tag (default: the git commit, -dirty if changed)
+  SUPABASE_URL              cron: the tick goes to $SUPABASE_URL/functions/v1/scheduler-tick
+                            (the Edge proxy, supabase/functions/scheduler-tick)
+  SFTQ_TICK_URL             cron: the tick URL (default: from SUPABASE_URL, else
+                            https://REGION-PROJECT.cloudfunctions.net/scheduler-tick)
   Passed to the functions when set: FIREWORKS_BASE_URL FIREWORKS_QUOTA_ID FIREWORKS_TIMEOUT
     SFTQ_USAGE_GRACE_SECONDS SFTQ_TICK_LEASE_SECONDS SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS
     SFTQ_MAX_BODY_BYTES
@@ -50,7 +71,7 @@ Settings (environment variables):
   SFTQ_BUILD_DIR            where functions are staged (default: a new temporary folder)
   SFTQ_FUNCTIONS_DIR        the functions' source (default functions)
   SFTQ_PYTHON               the Python whose installed versions pin requirements.txt (default python3)
-  SFTQ_BIN, PSQL, GCLOUD    the commands to use (default sftq, psql, gcloud)
+  SFTQ_BIN, PSQL, GCLOUD, CURL   the commands to use (default sftq, psql, gcloud, curl)
 EOF
 }
 
@@ -116,6 +137,25 @@ run_with_input() {
     if ((!DRY_RUN)); then printf %s "$input" | "$@"; fi
 }
 
+# run_cmd [--stdin VALUE] NAME=VALUE... -- CMD...: each NAME=VALUE goes to CMD's environment
+# and VALUE to its stdin; neither ever reaches a command line. Printed as a shell would run it:
+#   printf %s '***' | NAME='***' CMD ...
+run_cmd() {
+    local input='' has_input=0 envs=() e line=''
+    if [[ $1 == --stdin ]]; then input=$2; has_input=1; shift 2; fi
+    while [[ $1 != -- ]]; do envs+=("$1"); shift; done
+    shift
+    if ((has_input)); then line="$(render printf %s "$input") | "; fi
+    for e in "${envs[@]}"; do line+="${e%%=*}=$(render "${e#*=}") "; done
+    printf '%s%s\n' "$line" "$(render "$@")"
+    ((DRY_RUN)) && return 0
+    if ((has_input)); then
+        printf %s "$input" | (for e in "${envs[@]}"; do export "${e?}"; done; exec "$@")
+    else
+        (for e in "${envs[@]}"; do export "${e?}"; done; exec "$@")
+    fi
+}
+
 # run_unless CHECK... -- CMD...: CMD only when CHECK fails.
 run_unless() {
     local check=()
@@ -156,6 +196,34 @@ parse_url() {  # parse_url VAR
     mask "$U_PASS"
 }
 
+urldecode() {  # %XX escapes back to bytes; nothing else is touched (a backslash stays one)
+    local LC_ALL=C s=$1 out='' i
+    for ((i = 0; i < ${#s}; i++)); do
+        if [[ ${s:i:1} == % && ${s:i+1:2} =~ ^[0-9A-Fa-f]{2}$ ]]; then
+            printf -v out '%s'"\\x${s:i+1:2}" "$out"
+            i=$((i + 2))
+        else
+            out+=${s:i:1}
+        fi
+    done
+    printf '%s' "$out"
+}
+
+# psql_for VAR: sets PSQL_URL (VAR's URL without its password: safe on a command line) and
+# PSQL_ENV (PGPASSWORD=..., for the environment, or nothing when there is no password).
+PSQL_URL='' PSQL_ENV=()
+psql_for() {
+    parse_url "$1"
+    PSQL_URL=$U_SCHEME$U_USER@$U_HOSTPART
+    PSQL_ENV=()
+    if [[ -n $U_PASS ]]; then
+        local pw
+        pw=$(urldecode "$U_PASS")
+        mask "$pw"
+        PSQL_ENV=("PGPASSWORD=$pw")
+    fi
+}
+
 urlencode() {  # percent-encode every byte outside the unreserved set
     local LC_ALL=C s=$1 enc='' c i
     for ((i = 0; i < ${#s}; i++)); do
@@ -179,10 +247,12 @@ SQFX=${SFTQ_SECRET_PREFIX:-sftq-}
 SFTQ_BIN=${SFTQ_BIN:-sftq}
 PSQL=${PSQL:-psql}
 GCLOUD=${GCLOUD:-gcloud}
+CURL=${CURL:-curl}
 PYTHON=${SFTQ_PYTHON:-python3}
 FUNCTIONS_DIR=functions
 if [[ -n ${SFTQ_FUNCTIONS_DIR:-} ]]; then FUNCTIONS_DIR=$(from_caller "$SFTQ_FUNCTIONS_DIR"); fi
 API_LOGIN=${SFTQ_API_LOGIN_ROLE:-sftq_api_login}
+SCHEDULER_LOGIN=${SFTQ_SCHEDULER_LOGIN_ROLE:-sftq_scheduler_login}
 ANALYST_LOGIN=${SFTQ_ANALYST_LOGIN_ROLE:-sftq_analyst_login}
 ALL_SECRETS=(database-url api-database-url analytics-database-url fireworks-api-key tick-secret)
 ALL_FUNCTIONS=(jobs-api analytics scheduler-tick)
@@ -205,13 +275,31 @@ check_login_password() {  # check_login_password VAR ROLE
     mask "$pw"
 }
 
+project_ref() {  # SUPABASE_PROJECT_REF, else from db.<ref>.supabase.co or user postgres.<ref>
+    if [[ -n ${SUPABASE_PROJECT_REF:-} ]]; then printf '%s' "$SUPABASE_PROJECT_REF"; return; fi
+    parse_url SUPABASE_DB_URL
+    if [[ $U_HOSTPART =~ ^db\.([a-z0-9]+)\.supabase\.(co|com)([:/?]|$) ]]; then
+        printf '%s' "${BASH_REMATCH[1]}"
+    elif [[ $U_USER == *.* ]]; then
+        printf '%s' "${U_USER#*.}"
+    fi
+}
+
 check_db() {
     check_db_url
     check_login_password SFTQ_API_DB_PASSWORD "$API_LOGIN"
+    check_login_password SFTQ_SCHEDULER_DB_PASSWORD "$SCHEDULER_LOGIN"
     check_login_password SFTQ_ANALYST_DB_PASSWORD "$ANALYST_LOGIN"
     need_tool "$SFTQ_BIN" "the sftq CLI: pip install -e '.[server]'"
-    if [[ -n ${SFTQ_API_DB_PASSWORD:-}${SFTQ_ANALYST_DB_PASSWORD:-} ]]; then
-        need_tool "$PSQL" "the PostgreSQL client"
+    need_tool "$PSQL" "the PostgreSQL client"
+    need_file infra/sql/check_data_api.sql
+    if [[ -n ${SUPABASE_ACCESS_TOKEN:-} ]]; then
+        mask "$SUPABASE_ACCESS_TOKEN"
+        need_tool "$CURL" "curl, to ask Supabase's Management API"
+        need_tool "$PYTHON" "Python, to read the Management API's answer"
+        if [[ -n ${SUPABASE_DB_URL:-} && -z $(project_ref) ]]; then
+            need SUPABASE_PROJECT_REF "the project ref (not found in SUPABASE_DB_URL)"
+        fi
     fi
 }
 
@@ -222,37 +310,42 @@ selected() {  # selected NAME: is NAME in --only (or is there no --only)?
 # Each secret's value, filled by check_secrets.
 declare -A SECRET_VALUE=()
 
-api_database_url() {
-    if [[ -n ${SFTQ_API_DATABASE_URL:-} ]]; then
-        parse_url SFTQ_API_DATABASE_URL
-        SECRET_VALUE[api-database-url]=$SFTQ_API_DATABASE_URL
+# login_database_url SECRET EXPLICIT_VAR PASSWORD_VAR LOGIN WHO: a function's DATABASE_URL,
+# given outright or derived from the pooler URL with a login role's name and password.
+login_database_url() {
+    local short=$1 explicit=$2 password=$3 login=$4 who=$5
+    if [[ -n ${!explicit:-} ]]; then
+        parse_url "$explicit"
+        SECRET_VALUE[$short]=${!explicit}
         return
     fi
-    need SFTQ_API_DB_PASSWORD "the password of login role $API_LOGIN (or set SFTQ_API_DATABASE_URL); jobs-api and analytics never connect as the owner"
+    need "$password" "the password of login role $login (or set $explicit): functions never connect as the owner ($who)"
     need SUPABASE_POOLER_URL "the project's transaction pooler URL (port 6543)"
-    [[ -n ${SFTQ_API_DB_PASSWORD:-} && -n ${SUPABASE_POOLER_URL:-} ]] || return 0
-    check_login_password SFTQ_API_DB_PASSWORD "$API_LOGIN"
+    [[ -n ${!password:-} && -n ${SUPABASE_POOLER_URL:-} ]] || return 0
+    check_login_password "$password" "$login"
     parse_url SUPABASE_POOLER_URL
+    if [[ $U_PORT != 6543 ]]; then
+        note "warning: SUPABASE_POOLER_URL uses port $U_PORT; Supabase's transaction pooler is 6543"
+    fi
     # Supavisor names users ROLE.PROJECT_REF: keep the pooler user's suffix.
     local suffix='' encoded
     [[ $U_USER == *.* ]] && suffix=.${U_USER#*.}
-    encoded=$(urlencode "$SFTQ_API_DB_PASSWORD")
+    encoded=$(urlencode "${!password}")
     mask "$encoded"
-    SECRET_VALUE[api-database-url]=$U_SCHEME$API_LOGIN$suffix:$encoded@$U_HOSTPART
+    SECRET_VALUE[$short]=$U_SCHEME$login$suffix:$encoded@$U_HOSTPART
+}
+
+api_database_url() {
+    login_database_url api-database-url SFTQ_API_DATABASE_URL SFTQ_API_DB_PASSWORD "$API_LOGIN" \
+        "jobs-api and analytics"
 }
 
 check_secrets() {
     need GCP_PROJECT "the Google Cloud project id"
     need_tool "$GCLOUD" "the Google Cloud CLI"
     if selected database-url; then
-        need SUPABASE_POOLER_URL "the project's transaction pooler URL (port 6543), as the owner role, for scheduler-tick"
-        if [[ -n ${SUPABASE_POOLER_URL:-} ]]; then
-            parse_url SUPABASE_POOLER_URL
-            if [[ $U_PORT != 6543 ]]; then
-                note "warning: SUPABASE_POOLER_URL uses port $U_PORT; Supabase's transaction pooler is 6543"
-            fi
-            SECRET_VALUE[database-url]=$SUPABASE_POOLER_URL
-        fi
+        login_database_url database-url SFTQ_SCHEDULER_DATABASE_URL SFTQ_SCHEDULER_DB_PASSWORD \
+            "$SCHEDULER_LOGIN" "scheduler-tick"
     fi
     if selected api-database-url || selected analytics-database-url; then
         api_database_url
@@ -277,14 +370,30 @@ check_secrets() {
     fi
 }
 
-check_tick_secret() {  # cron/_tick_secrets.sql refuses shorter ones: fail before anything runs
+check_tick_secret() {  # scheduler-tick and cron/_tick_secrets.sql refuse shorter ones: fail first
     [[ -n ${SFTQ_TICK_SECRET:-} ]] || return 0
-    [[ ${#SFTQ_TICK_SECRET} -ge 16 ]] ||
-        die "SFTQ_TICK_SECRET is shorter than 16 characters; generate one, e.g. openssl rand -hex 32"
+    [[ ${#SFTQ_TICK_SECRET} -ge 32 ]] ||
+        die "SFTQ_TICK_SECRET is shorter than 32 characters; generate one, e.g. openssl rand -hex 32"
     mask "$SFTQ_TICK_SECRET"
 }
 
 REQUIREMENTS=''
+check_services() {
+    need GCP_PROJECT "the Google Cloud project id"
+    need GCP_REGION "the Cloud Run region, e.g. europe-west1"
+    if selected jobs-api || selected scheduler-tick; then
+        need FIREWORKS_ACCOUNT_ID "the Fireworks account id"
+    fi
+    need_tool "$GCLOUD" "the Google Cloud CLI"
+    [[ -f Dockerfile ]] || MISSING+=("  Dockerfile does not exist")
+    [[ -f docs/openapi.json ]] || MISSING+=("  docs/openapi.json does not exist (the image serves it)")
+    [[ -d $FUNCTIONS_DIR/sftq_server ]] || MISSING+=("  $FUNCTIONS_DIR/sftq_server does not exist")
+    command -v "$PYTHON" >/dev/null 2>&1 ||
+        die "$PYTHON not found: set SFTQ_PYTHON to the Python that has finetune-queue[server] and granian installed"
+    CONSTRAINTS=$(pin_requirements "${IMAGE_PACKAGES[@]}") ||
+        die "cannot pin the image's packages with $PYTHON: $CONSTRAINTS"
+}
+
 check_functions() {
     need GCP_PROJECT "the Google Cloud project id"
     need GCP_REGION "the Cloud Run functions region, e.g. europe-west1"
@@ -301,19 +410,21 @@ check_functions() {
     [[ -d $FUNCTIONS_DIR/sftq_server ]] || MISSING+=("  $FUNCTIONS_DIR/sftq_server does not exist")
     command -v "$PYTHON" >/dev/null 2>&1 ||
         die "$PYTHON not found: set SFTQ_PYTHON to the Python that has finetune-queue[server] installed"
-    REQUIREMENTS=$(pin_requirements) || die "cannot pin the functions' requirements with $PYTHON: $REQUIREMENTS"
+    REQUIREMENTS=$(pin_requirements "${FUNCTION_PACKAGES[@]}") ||
+        die "cannot pin the functions' requirements with $PYTHON: $REQUIREMENTS"
 }
 
 check_cron() {
     check_db_url
     need SFTQ_TICK_SECRET "the bearer secret of scheduler-tick, the same value as in Secret Manager"
     check_tick_secret
-    if [[ -z ${SFTQ_TICK_URL:-} ]]; then
-        need GCP_PROJECT "the Google Cloud project id (or set SFTQ_TICK_URL)"
-        need GCP_REGION "the functions' region (or set SFTQ_TICK_URL)"
+    if [[ -z ${SFTQ_TICK_URL:-}${SUPABASE_URL:-} ]]; then
+        need GCP_PROJECT "the Google Cloud project id (or set SUPABASE_URL or SFTQ_TICK_URL)"
+        need GCP_REGION "the functions' region (or set SUPABASE_URL or SFTQ_TICK_URL)"
     fi
     need_tool "$PSQL" "the PostgreSQL client"
     need_file cron/schedule_tick.sql
+    need_file cron/check_net_private.sql
 }
 
 check_unschedule() {
@@ -326,15 +437,43 @@ check_unschedule() {
 
 do_db() {
     # SFTQ_SQL_DIR: apply this checkout's sql/, the one that matches the code being deployed.
-    run env SFTQ_SQL_DIR=sql "$SFTQ_BIN" db migrate --database-url "$SUPABASE_DB_URL"
-    if [[ -n ${SFTQ_API_DB_PASSWORD:-} ]]; then
-        run "$PSQL" "$SUPABASE_DB_URL" -X -q -v ON_ERROR_STOP=1 -v "login=$API_LOGIN" -v member_of=sftq_api \
-            -v "password=$SFTQ_API_DB_PASSWORD" -v statement_timeout=30s -f infra/sql/login_role.sql
+    run_cmd SFTQ_SQL_DIR=sql "DATABASE_URL=$SUPABASE_DB_URL" -- "$SFTQ_BIN" db migrate
+    # Passwords go on stdin; sftq sends the server only a SCRAM verifier computed here.
+    local spec login group timeout password
+    for spec in "SFTQ_API_DB_PASSWORD $API_LOGIN sftq_api 30s" \
+                "SFTQ_SCHEDULER_DB_PASSWORD $SCHEDULER_LOGIN sftq_scheduler 60s" \
+                "SFTQ_ANALYST_DB_PASSWORD $ANALYST_LOGIN sftq_analyst 5min"; do
+        read -r password login group timeout <<<"$spec"
+        [[ -n ${!password:-} ]] || continue
+        run_cmd --stdin "${!password}" "DATABASE_URL=$SUPABASE_DB_URL" -- \
+            "$SFTQ_BIN" db login-role "$login" --member-of "$group" --statement-timeout "$timeout"
+    done
+    # Fail loudly if Supabase's Data API (anon, authenticated) could reach the queue.
+    psql_for SUPABASE_DB_URL
+    run_cmd "${PSQL_ENV[@]}" -- "$PSQL" "$PSQL_URL" -X -q -v ON_ERROR_STOP=1 -f infra/sql/check_data_api.sql
+    check_exposed_schemas
+}
+
+# The Data API's exposed schemas live in the project's settings, not in the database: ask the
+# Management API (the token goes on curl's stdin, as a config line).
+check_exposed_schemas() {
+    local url answer schemas
+    if [[ -z ${SUPABASE_ACCESS_TOKEN:-} ]]; then
+        note "warning: SUPABASE_ACCESS_TOKEN is not set: the Data API's exposed schemas (Settings > API) were not checked; keep sftq out of them"
+        return 0
     fi
-    if [[ -n ${SFTQ_ANALYST_DB_PASSWORD:-} ]]; then
-        run "$PSQL" "$SUPABASE_DB_URL" -X -q -v ON_ERROR_STOP=1 -v "login=$ANALYST_LOGIN" -v member_of=sftq_analyst \
-            -v "password=$SFTQ_ANALYST_DB_PASSWORD" -v statement_timeout=5min -f infra/sql/login_role.sql
+    url="https://api.supabase.com/v1/projects/$(project_ref)/postgrest"
+    local config="header = \"Authorization: Bearer $SUPABASE_ACCESS_TOKEN\""
+    printf '%s | %s\n' "$(render printf %s "$config")" "$(render "$CURL" -fsS --config - "$url")"
+    ((DRY_RUN)) && return 0
+    answer=$(printf %s "$config" | "$CURL" -fsS --config - "$url") ||
+        die "could not read the Data API's settings from $url"
+    schemas=$(printf %s "$answer" | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin).get("db_schema", ""))') ||
+        die "unexpected answer from $url"
+    if [[ ",${schemas// /}," == *,sftq,* ]]; then
+        die "schema sftq is among the Data API's exposed schemas ($schemas): remove it in Settings > API > Exposed schemas; the queue is reached only through its functions"
     fi
+    note "the Data API exposes: $schemas (not sftq)"
 }
 
 do_secrets() {
@@ -368,7 +507,7 @@ entry_point() {
     esac
 }
 # Only what each function reads: the API functions never see the tick secret, analytics
-# never sees the Fireworks key, and only scheduler-tick connects as the database owner.
+# never sees the Fireworks key, and no function connects as the database owner.
 function_env() {
     case $1 in
         jobs-api) echo FIREWORKS_ACCOUNT_ID FIREWORKS_BASE_URL FIREWORKS_TIMEOUT \
@@ -396,8 +535,11 @@ function_timeout() {
 }
 
 FUNCTION_PACKAGES=(functions-framework 'psycopg[binary]' psycopg-pool pydantic httpx werkzeug)
-pin_requirements() {  # name==version as installed beside the code that was tested
-    "$PYTHON" - "${FUNCTION_PACKAGES[@]}" 2>&1 <<'PY'
+# The image's pins are pip constraints, which take no extras: psycopg[binary] is two names.
+IMAGE_PACKAGES=(psycopg psycopg-binary psycopg-pool pydantic httpx werkzeug granian)
+CONSTRAINTS=''
+pin_requirements() {  # pin_requirements PKG...: name==version as installed beside the tested code
+    "$PYTHON" - "$@" 2>&1 <<'PY'
 import re
 import sys
 from importlib import metadata
@@ -411,7 +553,7 @@ for req in sys.argv[1:]:
     except metadata.PackageNotFoundError:
         missing.append(req)
 if missing:
-    sys.exit("not installed: " + ", ".join(missing) + " (pip install -e '.[server]')")
+    sys.exit("not installed: " + ", ".join(missing) + " (pip install -e '.[server]' granian)")
 print("\n".join(lines))
 PY
 }
@@ -456,7 +598,8 @@ PY
     note "staged $name in $dir"
 }
 
-do_functions() {
+use_build_dir() {
+    [[ -z $BUILD_DIR ]] || return 0
     if [[ -n ${SFTQ_BUILD_DIR:-} ]]; then
         BUILD_DIR=$(from_caller "$SFTQ_BUILD_DIR")
         mkdir -p "$BUILD_DIR"
@@ -464,49 +607,124 @@ do_functions() {
         BUILD_DIR=$(mktemp -d "${TMPDIR:-/tmp}/sftq-functions.XXXXXX")
         if ((!DRY_RUN)); then trap 'rm -rf "$BUILD_DIR"' EXIT; fi
     fi
-    local name pairs var short args
+}
+
+# settings_args NAME: appends to ARGS the function's env vars and secrets. --set-env-vars (or
+# --clear-env-vars) and --set-secrets replace what a previous deploy set: nothing stale stays.
+settings_args() {
+    local name=$1 pairs=() var
+    for var in $(function_env "$name"); do
+        [[ -n ${!var:-} ]] || continue
+        [[ ${!var} != *,* ]] || die "$var contains a comma, which --set-env-vars cannot carry"
+        pairs+=("$var=${!var}")
+    done
+    if ((${#pairs[@]})); then ARGS+=("--set-env-vars=$(IFS=,; echo "${pairs[*]}")"); else ARGS+=(--clear-env-vars); fi
+    pairs=()
+    for var in $(function_secrets "$name"); do pairs+=("${var%%=*}=$SQFX${var#*=}:latest"); done
+    ARGS+=("--set-secrets=$(IFS=,; echo "${pairs[*]}")")
+}
+
+do_functions() {
+    use_build_dir
+    local name
     for name in "${ALL_FUNCTIONS[@]}"; do
         selected "$name" || continue
         stage_function "$name"
-        args=("$GCLOUD" functions deploy "$name" --project="$GCP_PROJECT" --region="$GCP_REGION"
+        ARGS=("$GCLOUD" functions deploy "$name" --project="$GCP_PROJECT" --region="$GCP_REGION"
             --gen2 --runtime=python311 --source="$BUILD_DIR/$name" --entry-point="$(entry_point "$name")"
             --trigger-http --allow-unauthenticated --timeout="$(function_timeout "$name")")
-        if [[ -n ${GCP_SERVICE_ACCOUNT:-} ]]; then args+=(--service-account="$GCP_SERVICE_ACCOUNT"); fi
-        pairs=()
-        for var in $(function_env "$name"); do
-            [[ -n ${!var:-} ]] || continue
-            [[ ${!var} != *,* ]] || die "$var contains a comma, which --set-env-vars cannot carry"
-            pairs+=("$var=${!var}")
-        done
-        # --set-env-vars and --set-secrets replace what a previous deploy set: nothing stale stays.
-        if ((${#pairs[@]})); then args+=("--set-env-vars=$(IFS=,; echo "${pairs[*]}")"); else args+=(--clear-env-vars); fi
-        pairs=()
-        for var in $(function_secrets "$name"); do pairs+=("${var%%=*}=$SQFX${var#*=}:latest"); done
-        args+=("--set-secrets=$(IFS=,; echo "${pairs[*]}")" --quiet)
-        run "${args[@]}"
+        if [[ -n ${GCP_SERVICE_ACCOUNT:-} ]]; then ARGS+=(--service-account="$GCP_SERVICE_ACCOUNT"); fi
+        settings_args "$name"
+        ARGS+=(--quiet)
+        run "${ARGS[@]}"
+    done
+}
+
+image_tag() {  # SFTQ_IMAGE_TAG, else the commit (marked -dirty-<time> when the tree has changes)
+    local rev
+    if [[ -n ${SFTQ_IMAGE_TAG:-} ]]; then printf '%s' "$SFTQ_IMAGE_TAG"; return; fi
+    if rev=$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null); then
+        if [[ -n $(git -C "$ROOT" status --porcelain 2>/dev/null) ]]; then
+            rev+=-dirty-$(date -u +%Y%m%d%H%M%S)
+        fi
+        printf '%s' "$rev"
+    else
+        date -u +%Y%m%d%H%M%S
+    fi
+}
+
+# stage_image: the build context Cloud Build receives, and nothing else: the Dockerfile, the
+# functions' code, docs/openapi.json, and constraints.txt pinning what was tested here.
+stage_image() {
+    local dir=$BUILD_DIR/image name
+    rm -rf "$dir"
+    mkdir -p "$dir/functions" "$dir/docs"
+    cp Dockerfile pyproject.toml "$dir/"
+    [[ ! -f .dockerignore ]] || cp .dockerignore "$dir/"
+    cp -R "$FUNCTIONS_DIR/sftq_server" "$dir/functions/sftq_server"
+    for name in "${ALL_FUNCTIONS[@]}"; do cp "$FUNCTIONS_DIR/$(entry_file "$name")" "$dir/functions/"; done
+    find "$dir/functions" \( -name __pycache__ -o -name '*.pyc' -o -name .mypy_cache \) -prune -exec rm -rf {} +
+    cp docs/openapi.json "$dir/docs/"
+    {
+        printf '# Generated by %s: the versions installed where it ran.\n' "$PROG"
+        printf '%s\n' "$CONSTRAINTS"
+    } >"$dir/constraints.txt"
+    note "staged the image's build context in $dir"
+}
+
+# One image, three Cloud Run services: each serves all three paths (the gateway), but gets
+# only its own function's settings and secrets, so only its own path has what it needs.
+do_services() {
+    use_build_dir
+    stage_image
+    local image name
+    image=$GCP_REGION-docker.pkg.dev/$GCP_PROJECT/sftq/sftq:$(image_tag)
+    run_unless "$GCLOUD" artifacts repositories describe sftq --project="$GCP_PROJECT" \
+        --location="$GCP_REGION" --quiet -- \
+        "$GCLOUD" artifacts repositories create sftq --project="$GCP_PROJECT" --location="$GCP_REGION" \
+        --repository-format=docker --quiet
+    run "$GCLOUD" builds submit "$BUILD_DIR/image" --project="$GCP_PROJECT" --region="$GCP_REGION" \
+        --tag="$image" --quiet
+    for name in "${ALL_FUNCTIONS[@]}"; do
+        selected "$name" || continue
+        # 2 CPUs for granian's 2 processes x 2 threads, as measured (docs/performance.md).
+        ARGS=("$GCLOUD" run deploy "sftq-$name" --project="$GCP_PROJECT" --region="$GCP_REGION"
+            --image="$image" --port=8080 --cpu=2 --memory=1Gi --concurrency=16
+            --timeout="$(function_timeout "$name")" --allow-unauthenticated)
+        if [[ -n ${GCP_SERVICE_ACCOUNT:-} ]]; then ARGS+=(--service-account="$GCP_SERVICE_ACCOUNT"); fi
+        settings_args "$name"
+        ARGS+=(--quiet)
+        run "${ARGS[@]}"
     done
 }
 
 tick_url() {
     if [[ -n ${SFTQ_TICK_URL:-} ]]; then
         printf '%s' "$SFTQ_TICK_URL"
+    elif [[ -n ${SUPABASE_URL:-} ]]; then
+        printf '%s/functions/v1/scheduler-tick' "${SUPABASE_URL%/}"
     else
         printf 'https://%s-%s.cloudfunctions.net/scheduler-tick' "$GCP_REGION" "$GCP_PROJECT"
     fi
 }
 
 do_cron() {
-    run "$PSQL" "$SUPABASE_DB_URL" -X -q -v ON_ERROR_STOP=1 -v "tick_url=$(tick_url)" \
-        -v "tick_secret=$SFTQ_TICK_SECRET" -f cron/schedule_tick.sql
+    psql_for SUPABASE_DB_URL
+    # The secret goes on psql's stdin; the script hands it to Vault as COPY data.
+    run_cmd --stdin "$SFTQ_TICK_SECRET" "${PSQL_ENV[@]}" -- "$PSQL" "$PSQL_URL" -X -q -v ON_ERROR_STOP=1 \
+        -v "tick_url=$(tick_url)" -f cron/schedule_tick.sql
+    run_cmd "${PSQL_ENV[@]}" -- "$PSQL" "$PSQL_URL" -X -q -v ON_ERROR_STOP=1 -f cron/check_net_private.sql
 }
 
 do_unschedule() {
-    run "$PSQL" "$SUPABASE_DB_URL" -X -q -v ON_ERROR_STOP=1 -f cron/unschedule_tick.sql
+    psql_for SUPABASE_DB_URL
+    run_cmd "${PSQL_ENV[@]}" -- "$PSQL" "$PSQL_URL" -X -q -v ON_ERROR_STOP=1 -f cron/unschedule_tick.sql
 }
 
 # ---- main -------------------------------------------------------------------------------
 
 ONLY=''
+ARGS=()
 STEPS=()
 while (($#)); do
     case $1 in
@@ -514,8 +732,8 @@ while (($#)); do
         --only) (($# > 1)) || { usage >&2; exit 2; }; ONLY=$2; shift ;;
         --only=*) ONLY=${1#--only=} ;;
         -h | --help) usage; exit 0 ;;
-        all) STEPS+=(db secrets functions cron) ;;
-        db | secrets | functions | cron | unschedule) STEPS+=("$1") ;;
+        all) STEPS+=(db secrets services cron) ;;
+        db | secrets | services | functions | cron | unschedule) STEPS+=("$1") ;;
         *) printf '%s: unknown argument: %s\n\n' "$PROG" "$1" >&2; usage >&2; exit 2 ;;
     esac
     shift
@@ -525,8 +743,8 @@ if ((${#STEPS[@]} == 0)); then
     exit 2
 fi
 if [[ -n $ONLY ]]; then
-    [[ ${#STEPS[@]} == 1 && ${STEPS[0]} =~ ^(secrets|functions)$ ]] ||
-        die "--only goes with a single secrets or functions step"
+    [[ ${#STEPS[@]} == 1 && ${STEPS[0]} =~ ^(secrets|services|functions)$ ]] ||
+        die "--only goes with a single secrets, services or functions step"
     if [[ ${STEPS[0]} == secrets ]]; then known=" ${ALL_SECRETS[*]} "; else known=" ${ALL_FUNCTIONS[*]} "; fi
     IFS=, read -ra wanted <<<"$ONLY"
     for w in "${wanted[@]}"; do

@@ -44,6 +44,9 @@ from .errors import (
 )
 from .models import (
     CancelResult,
+    Capacity,
+    Event,
+    EventPage,
     Job,
     JobAnalytics,
     JobPage,
@@ -298,6 +301,27 @@ class _Core:
     def job_analytics(self, job_id: str) -> _Call[JobAnalytics]:
         return _Call("GET", _job_path(job_id, "/analytics"), _model_parser(JobAnalytics))
 
+    def events_page(
+        self, job_id: str, *, limit: int | None, after: str | None
+    ) -> _Call[EventPage]:
+        params = _drop_none({"limit": limit, "after": after})
+        return _Call("GET", _job_path(job_id, "/events"), _model_parser(EventPage), params=params)
+
+    @staticmethod
+    def next_after(page: EventPage, seen: set[str]) -> str | None:
+        """The `after` of the page following `page`, or None when there is none (or the
+        server repeats itself, which would otherwise loop forever)."""
+        if not page.has_more or not page.data:
+            return None
+        after = page.data[-1].id
+        if after in seen:
+            return None
+        seen.add(after)
+        return after
+
+    def capacity(self) -> _Call[Capacity]:
+        return _Call("GET", "/capacity", _model_parser(Capacity))
+
     def health(self) -> _Call[dict[str, Any]]:
         def parse(response: httpx.Response) -> dict[str, Any]:
             data = response.json()
@@ -531,7 +555,8 @@ class Client:
         limit: int | None = None,
         cursor: str | None = None,
     ) -> JobPage:
-        """One page of the caller's jobs, newest first."""
+        """The caller's jobs, newest first. Without ``limit`` and ``cursor`` the server answers
+        every job in one response; with ``limit`` one page (``iter_jobs`` follows the pages)."""
         return self._send(self._core.list_jobs(state=state, kind=kind, limit=limit, cursor=cursor))
 
     def iter_jobs(
@@ -605,6 +630,25 @@ class Client:
 
     def job_analytics(self, job_id: str) -> JobAnalytics:
         return self._send(self._core.job_analytics(job_id))
+
+    def iter_events(self, job_id: str, *, page_size: int = 100) -> Iterator[Event]:
+        """A job's history, oldest first, fetching pages lazily as the iterator advances."""
+        after: str | None = None
+        seen: set[str] = set()
+        while True:
+            page = self._send(self._core.events_page(job_id, limit=page_size, after=after))
+            yield from page.data
+            after = self._core.next_after(page, seen)
+            if after is None:
+                return
+
+    def list_events(self, job_id: str) -> list[Event]:
+        """Every event of one of your jobs, oldest first (``GET /jobs/{id}/events``, all pages)."""
+        return list(self.iter_events(job_id))
+
+    def capacity(self) -> Capacity:
+        """``GET /capacity``: the GPU quota as last read, what runs and waits, per user."""
+        return self._send(self._core.capacity())
 
     def health(self) -> dict[str, Any]:
         """``GET /health`` on the jobs-api; the body as a dict."""
@@ -763,6 +807,23 @@ class AsyncClient:
 
     async def job_analytics(self, job_id: str) -> JobAnalytics:
         return await self._send(self._core.job_analytics(job_id))
+
+    async def iter_events(self, job_id: str, *, page_size: int = 100) -> AsyncIterator[Event]:
+        after: str | None = None
+        seen: set[str] = set()
+        while True:
+            page = await self._send(self._core.events_page(job_id, limit=page_size, after=after))
+            for event in page.data:
+                yield event
+            after = self._core.next_after(page, seen)
+            if after is None:
+                return
+
+    async def list_events(self, job_id: str) -> list[Event]:
+        return [event async for event in self.iter_events(job_id)]
+
+    async def capacity(self) -> Capacity:
+        return await self._send(self._core.capacity())
 
     async def health(self) -> dict[str, Any]:
         return await self._send(self._core.health())

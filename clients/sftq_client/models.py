@@ -17,7 +17,12 @@ __all__ = [
     "STATES",
     "TERMINAL_STATES",
     "CancelResult",
+    "Capacity",
+    "CapacityUser",
     "EndEvent",
+    "Estimate",
+    "Event",
+    "EventPage",
     "Job",
     "JobAnalytics",
     "JobPage",
@@ -113,6 +118,22 @@ class ProgressJob(_Model):
     fireworks_job_name: str | None = None
 
 
+class WaitingReason(_Model):
+    """Why a QUEUED job waits: ``code`` for programs (behind_own_running_job,
+    behind_own_queued_job, does_not_fit, behind_job_that_does_not_fit, next_tick, user_disabled,
+    scheduler_stalled, or codes a newer server adds) and ``message`` for people."""
+
+    code: str
+    message: str | None = None
+
+
+class Estimate(_Model):
+    """What an estimated time rests on, or why there is none (``basis`` then starts with
+    "no estimate:")."""
+
+    basis: str
+
+
 class QueuedJob(_Model):
     """One of the caller's waiting jobs inside :class:`QueueContext`."""
 
@@ -123,6 +144,11 @@ class QueuedJob(_Model):
     created_at: datetime
     # Other users' QUEUED jobs ahead of this one; the caller's own earlier jobs are not counted.
     queue_position: int
+    # None from servers older than the waiting reasons.
+    waiting_reason: WaitingReason | None = None
+    # When it should start (an estimate); None with the reason in estimate.basis.
+    estimated_start_at: datetime | None = None
+    estimate: Estimate | None = None
 
 
 class QueueContext(_Model):
@@ -172,6 +198,13 @@ class Timeline(_Model):
     completed_at: datetime | None = None
 
 
+class Progress(_Model):
+    """How far a running job is, as the provider last reported it."""
+
+    percent: float | None = None
+    epoch: int | None = None
+
+
 class JobAnalytics(_Model):
     """``GET /jobs/{id}/analytics``: timing and GPU cost of one job."""
 
@@ -188,23 +221,87 @@ class JobAnalytics(_Model):
     run_duration_seconds: float | None = None
     gpu_hours: float | None = None
     error: str | None = None
+    # QUEUED only: other users' queued jobs ahead, why it waits, when it should start.
+    queue_position: int | None = None
+    waiting_reason: WaitingReason | None = None
+    estimated_start_at: datetime | None = None
+    # PROGRESS only: when it should end (an estimate).
+    estimated_finish_at: datetime | None = None
+    estimate: Estimate | None = None
+    # As the provider last reported them.
+    provider_state: str | None = None
+    progress: Progress | None = None
+    estimated_cost: Any = None
+
+
+class Event(_Model):
+    """One entry of a job's history (``GET /jobs/{id}/events``), oldest first."""
+
+    id: str
+    job_id: str
+    # queued, admitted, submitted, provider_state, cancelled, succeeded, failed, ... (open set)
+    type: str
+    # The job's state right after the event.
+    state: State
+    message: str
+    created_at: datetime
+    # The event's details, secrets redacted.
+    data: dict[str, Any] = {}
+
+
+class EventPage(_Model):
+    """One page of a job's events; ``has_more`` says whether more follow the last one."""
+
+    data: list[Event]
+    has_more: bool = False
+
+
+class CapacityQuota(_Model):
+    id: str
+    limit: int | None = None
+    usage: float | None = None
+    read_at: datetime | None = None
+
+
+class JobsAndGpus(_Model):
+    jobs: int
+    gpus: int
+
+
+class CapacityUser(_Model):
+    """A user with running or queued work; "others" folds everyone else on servers that hide
+    names (cap is then None)."""
+
+    name: str
+    cap: int | None = None
+    running_jobs: int
+    running_gpus: int
+    queued_jobs: int
+    queued_gpus: int
+
+
+class SchedulerHealth(_Model):
+    last_tick_at: datetime | None = None
+    interval_seconds: float
+    healthy: bool
+
+
+class Capacity(_Model):
+    """``GET /capacity``: the GPU quota as last read, what runs and waits, and per user."""
+
+    quota: CapacityQuota
+    # GPUs admission could spend now; None before the scheduler read the quota.
+    free_gpus: int | None = None
+    running: JobsAndGpus
+    queued: JobsAndGpus
+    users: list[CapacityUser] = []
+    scheduler: SchedulerHealth
 
 
 # ---- the live stream (GET /jobs/{id}/stream, GET /jobs/stream) ----------------------------------
 
 
-class Progress(_Model):
-    """How far a running job is, as the provider last reported it."""
-
-    percent: float | None = None
-    epoch: int | None = None
-
-
-class WaitingReason(_Model):
-    """Why a queued job waits: a machine ``code`` and a sentence for a person."""
-
-    code: str
-    message: str | None = None
+# Progress and WaitingReason (above) are shared with GET /jobs/{id}/analytics.
 
 
 class StatusEvent(_Model):

@@ -531,6 +531,7 @@ class DevStack:
             "DATABASE_URL": self.database_url,
             "SFTQ_TICK_SECRET": self.values["SFTQ_TICK_SECRET"],
         }
+        gateway_env |= {"SFTQ_TICK_INTERVAL_SECONDS": f"{cfg.tick_interval:g}"} if cfg.tick_interval > 0 else {}  # noqa: E501
         if cfg.provider == "simulator":
             self._spawn(
                 "simulator",

@@ -128,8 +128,13 @@ def make_gateway(settings: Settings, *, provider_factory: ProviderFactory | None
 
 
 def create_app() -> Gateway:
-    """For WSGI servers: `gunicorn 'sftq_server.gateway:create_app()'` (settings from the env)."""
-    return make_gateway(Settings.from_env())
+    """For WSGI servers: `gunicorn 'sftq_server.gateway:create_app()'` (settings from the env).
+    Refuses to start (TickSecretError) with a tick secret too short to guard the tick."""
+    from .tick_http import require_tick_secret
+
+    settings = Settings.from_env()
+    require_tick_secret(settings)
+    return make_gateway(settings)
 
 
 _SERVER_ERROR_CODES = {

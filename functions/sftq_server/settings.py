@@ -42,6 +42,9 @@ class Settings:
     usage_grace_seconds: float = 300.0
     # A tick that dies keeps the lease this long at most.
     tick_lease_seconds: float = 120.0
+    # Set (SFTQ_DEV_STACK=1) only by a local development stack: scheduler-tick then accepts a
+    # tick secret shorter than 32 characters. Everywhere else a short one stops it starting.
+    dev_stack: bool = False
     # How often the scheduler ticks. The API judges a stalled scheduler (no tick for 3 of
     # these) and places estimates on the tick grid with it; `sftq dev` passes its
     # --tick-interval here.
@@ -64,6 +67,7 @@ class Settings:
             fireworks_timeout_seconds=_float("FIREWORKS_TIMEOUT", 10.0),
             usage_grace_seconds=_float("SFTQ_USAGE_GRACE_SECONDS", 300.0),
             tick_lease_seconds=_float("SFTQ_TICK_LEASE_SECONDS", 120.0),
+            dev_stack=os.environ.get("SFTQ_DEV_STACK", "") == "1",
             tick_interval_seconds=_float("SFTQ_TICK_INTERVAL_SECONDS", 30.0),
             capacity_show_users=_bool("SFTQ_CAPACITY_SHOW_USERS", True),
         )

@@ -9,14 +9,29 @@ Answers: 200 with the tick's JSON (also for {"status": "skipped"} when another t
 the lease, and for a tick that ended with status "error"); 401 without the right bearer
 secret; 405 for anything but POST; 503 when no secret or provider is configured, or when
 the database cannot be reached (with Retry-After); 500 for a bug.
+
+Two bearer forms are accepted, both compared in constant time:
+- the secret itself (`sftq tick`, the local ticker, a person's curl);
+- a short-lived token, `v1.<unix seconds>.<hex HMAC-SHA256 of those seconds keyed by the
+  secret>`, valid within TOKEN_WINDOW_SECONDS of this host's clock. pg_cron sends this one
+  (cron/schedule_tick.sql builds it from Vault), so the secret itself never waits in pg_net's
+  request queue, where it could be read; a token seen there is worth two minutes of ticks,
+  which the lease makes harmless anyway.
+
+Outside a dev stack (Settings.dev_stack, SFTQ_DEV_STACK=1) a secret shorter than
+MIN_SECRET_CHARS is refused: `require_tick_secret` stops the entry points from starting, and
+a TickApp built anyway answers 503 to every request.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
+import re
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 from wsgiref.types import StartResponse, WSGIEnvironment
@@ -35,6 +50,51 @@ _REASONS = {200: "OK", 401: "Unauthorized", 405: "Method Not Allowed", 500: "Int
 
 Answer = tuple[int, dict[str, str], bytes]
 
+MIN_SECRET_CHARS = 32
+TOKEN_WINDOW_SECONDS = 120
+_TOKEN = re.compile(r"v1\.([0-9]{1,12})\.([0-9a-f]{64})")
+
+
+class TickSecretError(ValueError):
+    """The tick secret is too weak to run with; the message says what to do."""
+
+
+def tick_secret_problem(settings: Settings) -> str | None:
+    """Why scheduler-tick must not run with this secret, or None. An empty secret is not a
+    problem here: the endpoint then answers 503 not_configured, as it always has."""
+    secret = settings.tick_secret
+    if secret and len(secret) < MIN_SECRET_CHARS and not settings.dev_stack:
+        return (f"SFTQ_TICK_SECRET is {len(secret)} characters long: scheduler-tick needs at "
+                f"least {MIN_SECRET_CHARS} outside the dev stack; generate one with "
+                "`openssl rand -hex 32` and store it in both places (infra/deploy.sh secrets "
+                "--only tick-secret, then cron)")
+    return None
+
+
+def require_tick_secret(settings: Settings) -> None:
+    """Raise TickSecretError when the secret is too short: called where a host starts."""
+    problem = tick_secret_problem(settings)
+    if problem:
+        raise TickSecretError(problem)
+
+
+def tick_token(secret: str, now: float | None = None) -> str:
+    """The short-lived bearer token for `secret` at `now` (default: this host's clock)."""
+    seconds = str(int(time.time() if now is None else now))
+    mac = hmac.new(secret.encode(), seconds.encode(), hashlib.sha256).hexdigest()
+    return f"v1.{seconds}.{mac}"
+
+
+def bearer_ok(token: str, secret: str, now: float) -> bool:
+    """The bearer is the secret, or a token of it minted within TOKEN_WINDOW_SECONDS of now."""
+    plain = hmac.compare_digest(token.encode(), secret.encode())
+    match = _TOKEN.fullmatch(token)
+    minted = False
+    if match is not None and abs(now - int(match[1])) <= TOKEN_WINDOW_SECONDS:
+        expected = hmac.new(secret.encode(), match[1].encode(), hashlib.sha256).hexdigest()
+        minted = hmac.compare_digest(match[2].encode(), expected.encode())
+    return plain or minted
+
 
 def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Answer:
     return status, {"Content-Type": "application/json", **(headers or {})}, \
@@ -49,8 +109,13 @@ class TickApp:
     """The tick endpoint as a WSGI callable; `handle` is the framework-free core."""
 
     def __init__(self, settings: Settings, *, db: Database | None = None,
-                 provider_factory: Callable[[], FireworksClient] | None = None) -> None:
+                 provider_factory: Callable[[], FireworksClient] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self._clock = clock
+        self._refusal = tick_secret_problem(settings)
+        if self._refusal:
+            logger.error("scheduler-tick refuses to run: %s", self._refusal)
         self._db = db
         self._provider_factory = provider_factory
         self._provider: FireworksClient | None = None
@@ -98,9 +163,10 @@ class TickApp:
             # An open tick endpoint lets anyone on the internet drive the scheduler.
             return _error(503, "not_configured",
                           "SFTQ_TICK_SECRET is not set: refusing to run ticks without it")
+        if self._refusal:
+            return _error(503, "not_configured", self._refusal)
         scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode(), secret.encode()):
+        if scheme.lower() != "bearer" or not bearer_ok(token.strip(), secret, self._clock()):
             return _error(401, "unauthorized",
                           "missing or wrong tick secret (Authorization: Bearer)",
                           {"WWW-Authenticate": "Bearer"})
@@ -137,7 +203,9 @@ class TickApp:
 
 
 def make_tick_app(settings: Settings, *, db: Database | None = None,
-                  provider_factory: Callable[[], FireworksClient] | None = None) -> TickApp:
+                  provider_factory: Callable[[], FireworksClient] | None = None,
+                  clock: Callable[[], float] = time.time) -> TickApp:
     """The scheduler-tick WSGI app. `db` and `provider_factory` (a no-argument callable,
-    called once, on the first tick) replace the ones built from `settings`."""
-    return TickApp(settings, db=db, provider_factory=provider_factory)
+    called once, on the first tick) replace the ones built from `settings`; `clock` is what
+    tokens are checked against."""
+    return TickApp(settings, db=db, provider_factory=provider_factory, clock=clock)

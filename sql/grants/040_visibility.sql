@@ -18,3 +18,9 @@ TO sftq_scheduler;
 -- jobs_success_runs_idx is built on sftq.gpu_class: every role that moves a job to SUCCESS
 -- evaluates it (the api_* functions run as their owner, who has it already).
 GRANT EXECUTE ON FUNCTION sftq.gpu_class(integer) TO sftq_scheduler;
+
+-- Analysts may word the event log as the API does (a pure function over a row they can read).
+GRANT EXECUTE ON FUNCTION sftq.event_message(text, text, text, text, jsonb),
+                          sftq._provider_state_label(text),
+                          sftq._human_seconds(numeric)
+TO sftq_analyst;

@@ -271,8 +271,8 @@ CREATE OR REPLACE FUNCTION sftq.forecast(
     p_last_tick      timestamptz,
     p_tick_interval  interval DEFAULT interval '30 seconds',
     p_fixed_run      float8 DEFAULT NULL,
-    p_window         integer DEFAULT 1000,
-    p_max_steps      integer DEFAULT 500)
+    p_window         integer DEFAULT 600,
+    p_max_steps      integer DEFAULT 300)
 RETURNS TABLE (job_id uuid, estimated_start_at timestamptz, basis text)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp

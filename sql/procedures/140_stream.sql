@@ -85,11 +85,14 @@ RETURNS timestamptz
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    -- Placeholder until the estimates land (issue 11): the provider_state event's own value.
-    SELECT (p_detail ->> 'estimated_finish_at')::timestamptz
+    -- The estimate GET /jobs/{id}/analytics answers (sftq.finish_estimate), as of now.
+    SELECT CASE WHEN j.state = 'PROGRESS' THEN (
+               SELECT f.finish_at FROM sftq.finish_estimate(j.id, j.kind, j.gpu_count,
+                                                            j.started_at, j.submitted_at, now()) f)
+           END
 $$;
 COMMENT ON FUNCTION sftq.stream_estimated_finish(sftq.jobs, jsonb) IS
-    'estimated_finish_at of a progress frame. Today: detail.estimated_finish_at of the provider_state event when present, else null; to be answered by the estimate of GET /jobs/{id}/analytics.';
+    'estimated_finish_at of a progress frame: the estimate of GET /jobs/{id}/analytics (sftq.finish_estimate) for a job still PROGRESS, as of now; null once it has ended. Reads only.';
 
 CREATE OR REPLACE FUNCTION sftq._stream_frame(
     p_src      text,

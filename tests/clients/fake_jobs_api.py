@@ -70,6 +70,9 @@ class FakeJobsApi:
         self.state_plan: dict[str, list[str]] = {}
         self.cancel_status: dict[str, int] = {}
         self.page_header = "x-next-cursor"
+        # Each job's history for GET /jobs/{id}/events, and fields its analytics adds.
+        self.events: dict[str, list[dict[str, Any]]] = {}
+        self.analytics_extra: dict[str, dict[str, Any]] = {}
         self._clock = datetime(2026, 5, 1, 10, 0, 0, 123456, tzinfo=UTC)
 
     # ---- test helpers -----------------------------------------------------------------------
@@ -130,11 +133,18 @@ class FakeJobsApi:
             return httpx.Response(200, json=QUEUE_BODY)
         if parts == ["jobs", "analytics", "summary"] and method == "GET":
             return httpx.Response(200, json=SUMMARY_BODY)
+        if parts == ["capacity"] and method == "GET":
+            return httpx.Response(200, json=CAPACITY_BODY)
         if len(parts) == 3 and parts[0] == "jobs" and parts[2] == "analytics":
             job = self.jobs.get(parts[1])
             if job is None:
                 return error(404, "job not found", "not_found")
-            return httpx.Response(200, json={**JOB_ANALYTICS_BODY, "id": job["id"]})
+            body = {**JOB_ANALYTICS_BODY, "id": job["id"], "state": job["state"]}
+            return httpx.Response(200, json=body | self.analytics_extra.get(job["id"], {}))
+        if len(parts) == 3 and parts[0] == "jobs" and parts[2] == "events":
+            if parts[1] not in self.jobs:
+                return error(404, "job not found", "not_found")
+            return self._events(request, parts[1])
         if len(parts) == 2 and parts[0] == "jobs":
             job = self.jobs.get(parts[1])
             if job is None:
@@ -191,6 +201,22 @@ class FakeJobsApi:
                 headers["X-Next-Cursor"] = cursor
             headers["Link"] = f'<{next_url}>; rel="next"'
         return httpx.Response(200, json=page, headers=headers)
+
+    def _events(self, request: httpx.Request, job_id: str) -> httpx.Response:
+        q = request.url.params
+        limit = int(q.get("limit", "50"))
+        after = int(q.get("after", "0"))
+        rest = [e for e in self.events.get(job_id, []) if int(e["id"]) > after]
+        return httpx.Response(200, json={"data": rest[:limit], "has_more": len(rest) > limit})
+
+    def add_event(self, job_id: str, type_: str, state: str, message: str,
+                  **data: Any) -> dict[str, Any]:
+        self._clock += timedelta(seconds=1)
+        event = {"id": str(sum(len(v) for v in self.events.values()) + 1), "job_id": job_id,
+                 "type": type_, "state": state, "message": message,
+                 "created_at": iso(self._clock), "data": data}
+        self.events.setdefault(job_id, []).append(event)
+        return event
 
     def _cancel(self, job: dict[str, Any]) -> httpx.Response:
         if job["state"] in ("SUCCESS", "FAIL", "CANCELLED"):
@@ -264,4 +290,20 @@ JOB_ANALYTICS_BODY: dict[str, Any] = {
     "run_duration_seconds": 3765,
     "gpu_hours": 4.183,
     "error": None,
+}
+
+CAPACITY_BODY: dict[str, Any] = {
+    "quota": {"id": "training-h200-count", "limit": 64, "usage": 40.5,
+              "read_at": "2026-05-01T10:00:00.000000Z"},
+    "free_gpus": 23,
+    "running": {"jobs": 3, "gpus": 40},
+    "queued": {"jobs": 5, "gpus": 24},
+    "users": [
+        {"name": "ann", "cap": 1, "running_jobs": 1, "running_gpus": 32, "queued_jobs": 2,
+         "queued_gpus": 16},
+        {"name": "others", "cap": None, "running_jobs": 2, "running_gpus": 8, "queued_jobs": 3,
+         "queued_gpus": 8},
+    ],
+    "scheduler": {"last_tick_at": "2026-05-01T10:00:00.000000Z", "interval_seconds": 30,
+                  "healthy": True},
 }

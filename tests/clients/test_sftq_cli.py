@@ -192,7 +192,8 @@ def test_list_json_and_filters(sftq: Run, api: FakeJobsApi) -> None:
         "id", "kind", "state", "display_name", "gpu_count", "created_at", "started_at",
         "completed_at", "error", "fireworks_job_name",
     }  # fmt: skip
-    assert dict(api.requests[0].url.params) == {"state": "PROGRESS", "kind": "RFT"}
+    # A plain list is one page of the newest jobs (GET /jobs without limit would be all).
+    assert dict(api.requests[0].url.params) == {"state": "PROGRESS", "kind": "RFT", "limit": "100"}
 
 
 def test_list_says_when_more_exist(sftq: Run, api: FakeJobsApi) -> None:

@@ -18,7 +18,7 @@ from infra_support import DEPLOY, FAKE_TOOL, Result, Runner
 def fakebin(tmp_path: Path) -> Path:
     d = tmp_path / "fakebin"
     d.mkdir()
-    for name in ("gcloud", "psql", "sftq"):
+    for name in ("gcloud", "psql", "sftq", "curl"):
         p = d / name
         p.write_text(FAKE_TOOL.format(python=sys.executable, name=name))
         p.chmod(0o755)
@@ -43,11 +43,12 @@ def deploy(tmp_path: Path, fakebin: Path) -> Iterator[Runner]:
             "CLOUDSDK_CONFIG": str(home / "gcloud"),
             "FAKE_LOG": str(log),
             "FAKE_MISSING_SECRETS": missing_secrets,
+            "FAKE_CURL_ANSWER": "{}",
             "SFTQ_PYTHON": sys.executable,
         }
         full.update(env or {})
         # The stand-ins must shadow the real tools, or a test could reach a real cloud.
-        for tool in ("gcloud", "psql", "sftq"):
+        for tool in ("gcloud", "psql", "sftq", "curl"):
             found = shutil.which(tool, path=full["PATH"])
             assert found is None or Path(found).parent == fakebin, found
         proc = subprocess.run(["bash", str(DEPLOY), *args], env=full, cwd=tmp_path,

@@ -24,13 +24,16 @@ POOLER_PASSWORD = "pooler-pass-77Qx"
 API_DB_PASSWORD = "api p@ss:w/rd#0123456789"  # needs percent-encoding inside a URL
 ANALYST_DB_PASSWORD = "analyst-pass-'quoted'-1234"
 FIREWORKS_KEY = "fw_fake_key_5d41402abc4b2a76"
-TICK_SECRET = "tick-secret-e99a18c428cb38d5"
+TICK_SECRET = "tick-secret-e99a18c428cb38d5-0123456789"
+SCHEDULER_DB_PASSWORD = "scheduler-pass-0123456789"
+ACCESS_TOKEN = "sbp_fake_token_0123456789abcdef"
 
 SETTINGS: dict[str, str] = {
     "SUPABASE_DB_URL": f"postgresql://postgres:{DB_PASSWORD}@db.abcdefgh.supabase.co:5432/postgres",
     "SUPABASE_POOLER_URL": (f"postgresql://postgres.abcdefgh:{POOLER_PASSWORD}"
                             "@aws-0-eu-west-1.pooler.supabase.com:6543/postgres"),
     "SFTQ_API_DB_PASSWORD": API_DB_PASSWORD,
+    "SFTQ_SCHEDULER_DB_PASSWORD": SCHEDULER_DB_PASSWORD,
     "FIREWORKS_API_KEY": FIREWORKS_KEY,
     "FIREWORKS_ACCOUNT_ID": "acme",
     "SFTQ_TICK_SECRET": TICK_SECRET,
@@ -39,20 +42,26 @@ SETTINGS: dict[str, str] = {
 }
 API_DB_PASSWORD_IN_URL = "api%20p%40ss%3Aw%2Frd%230123456789"
 SECRETS = (DB_PASSWORD, POOLER_PASSWORD, API_DB_PASSWORD, API_DB_PASSWORD_IN_URL,
-           ANALYST_DB_PASSWORD, FIREWORKS_KEY, TICK_SECRET)
+           ANALYST_DB_PASSWORD, FIREWORKS_KEY, TICK_SECRET, SCHEDULER_DB_PASSWORD, ACCESS_TOKEN)
+# What a child may find in its environment (never on its command line).
+ENV_NAMES = ("DATABASE_URL", "PGPASSWORD", "SFTQ_SQL_DIR")
 
 FAKE_TOOL = """#!{python}
-# Stand-in for {name}: records the call and succeeds, except `gcloud secrets describe`
-# of a secret named in FAKE_MISSING_SECRETS, which fails as if it did not exist.
+# Stand-in for {name}: records the call (argv, stdin, and the variables a child may get
+# through its environment) and succeeds, except `gcloud secrets describe` of a secret named
+# in FAKE_MISSING_SECRETS, which fails as if it did not exist; curl answers FAKE_CURL_ANSWER.
 import json, os, sys
 name = os.path.basename(sys.argv[0])
 data = sys.stdin.read() if not sys.stdin.isatty() else ""
+names = ("DATABASE_URL", "PGPASSWORD", "SFTQ_SQL_DIR")
+env = {{k: os.environ[k] for k in names if k in os.environ}}
 with open(os.environ["FAKE_LOG"], "a", encoding="utf-8") as f:
-    f.write(json.dumps({{"argv": [name, *sys.argv[1:]], "stdin": data,
-                        "SFTQ_SQL_DIR": os.environ.get("SFTQ_SQL_DIR")}}) + "\\n")
+    f.write(json.dumps({{"argv": [name, *sys.argv[1:]], "stdin": data, "env": env}}) + "\\n")
 missing = os.environ.get("FAKE_MISSING_SECRETS", "").split(",")
 if name == "gcloud" and sys.argv[1:3] == ["secrets", "describe"] and sys.argv[3] in missing:
     sys.exit(1)
+if name == "curl":
+    print(os.environ.get("FAKE_CURL_ANSWER", "{{}}"))
 """
 
 
@@ -77,9 +86,10 @@ def mask(text: str) -> str:
     return text
 
 
-def printed_commands(line: str) -> list[tuple[list[str], str | None]]:
-    """The commands one printed line runs, each with what it gets on stdin (or None):
-    `A`, `printf %s VALUE | A`, or `A >/dev/null 2>&1 || B`."""
+def printed_commands(line: str) -> list[tuple[list[str], str | None, dict[str, str]]]:
+    """The commands one printed line runs, each with what it gets on stdin (or None) and in
+    its environment: `[NAME=V ...] A`, `printf %s VALUE | [NAME=V ...] A`, or
+    `A >/dev/null 2>&1 || B`."""
     words = shlex.split(line)
     segments: list[list[str]] = [[]]
     for w in words:
@@ -87,11 +97,24 @@ def printed_commands(line: str) -> list[tuple[list[str], str | None]]:
             segments.append([])
         elif w not in (">/dev/null", "2>&1"):
             segments[-1].append(w)
+
+    def split_env(seg: list[str]) -> tuple[list[str], dict[str, str]]:
+        seg, env = list(seg), {}
+        while seg and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", seg[0], re.S):
+            name, _, value = seg.pop(0).partition("=")
+            env[name] = value
+        return seg, env
+
     if "|" in words:
-        (printf, fmt, value), cmd = segments
+        (printf, fmt, value), piped = segments
         assert (printf, fmt) == ("printf", "%s")
-        return [(cmd, value)]
-    return [(seg, None) for seg in segments]
+        cmd, env = split_env(piped)
+        return [(cmd, value, env)]
+    out: list[tuple[list[str], str | None, dict[str, str]]] = []
+    for seg in segments:
+        cmd, env = split_env(seg)
+        out.append((cmd, None, env))
+    return out
 
 
 # ---- SQL blocks in the docs and a small data set to run them on ---------------------------

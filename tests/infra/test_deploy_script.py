@@ -15,10 +15,13 @@ from pathlib import Path
 import psycopg
 import pytest
 from infra_support import (
+    ACCESS_TOKEN,
     ANALYST_DB_PASSWORD,
     API_DB_PASSWORD,
+    DB_PASSWORD,
     FIREWORKS_KEY,
     ROOT,
+    SCHEDULER_DB_PASSWORD,
     SECRETS,
     SETTINGS,
     TICK_SECRET,
@@ -28,7 +31,12 @@ from infra_support import (
 )
 
 DB = "'postgresql://postgres:***@db.abcdefgh.supabase.co:5432/postgres'"
-PSQL = f"psql {DB} -X -q -v ON_ERROR_STOP=1"
+# psql gets the URL without its password, and the password in its environment.
+PSQL = ("PGPASSWORD='***' psql postgresql://postgres@db.abcdefgh.supabase.co:5432/postgres "
+        "-X -q -v ON_ERROR_STOP=1")
+SFTQ = f"DATABASE_URL={DB} sftq"
+MIGRATE = f"SFTQ_SQL_DIR=sql {SFTQ} db migrate"
+CHECK_DATA_API = f"{PSQL} -f infra/sql/check_data_api.sql"
 SA = "sftq-runtime@sftq-prod.iam.gserviceaccount.com"
 API_URL = ("postgresql://sftq_api_login.abcdefgh:api%20p%40ss%3Aw%2Frd%230123456789"
            "@aws-0-eu-west-1.pooler.supabase.com:6543/postgres")
@@ -64,20 +72,41 @@ def test_db_dry_run(deploy: Runner) -> None:
     r = deploy("--dry-run", "db", env=SETTINGS | {"SFTQ_ANALYST_DB_PASSWORD": ANALYST_DB_PASSWORD})
     assert r.code == 0, r.stderr
     assert r.lines == [
-        f"env SFTQ_SQL_DIR=sql sftq db migrate --database-url {DB}",
-        f"{PSQL} -v login=sftq_api_login -v member_of=sftq_api -v 'password=***' "
-        "-v statement_timeout=30s -f infra/sql/login_role.sql",
-        f"{PSQL} -v login=sftq_analyst_login -v member_of=sftq_analyst -v 'password=***' "
-        "-v statement_timeout=5min -f infra/sql/login_role.sql",
+        MIGRATE,
+        f"printf %s '***' | {SFTQ} db login-role sftq_api_login --member-of sftq_api "
+        "--statement-timeout 30s",
+        f"printf %s '***' | {SFTQ} db login-role sftq_scheduler_login --member-of sftq_scheduler "
+        "--statement-timeout 60s",
+        f"printf %s '***' | {SFTQ} db login-role sftq_analyst_login --member-of sftq_analyst "
+        "--statement-timeout 5min",
+        CHECK_DATA_API,
     ]
+    assert "SUPABASE_ACCESS_TOKEN is not set" in r.stderr
     assert r.calls == []  # a dry run runs nothing
 
 
-def test_db_only_migrates_unless_login_roles_are_asked_for(deploy: Runner) -> None:
+def test_db_only_migrates_and_checks_unless_login_roles_are_asked_for(deploy: Runner) -> None:
     env = {"SUPABASE_DB_URL": SETTINGS["SUPABASE_DB_URL"]}
     r = deploy("db", "-n", env=env)
     assert r.code == 0, r.stderr
-    assert r.lines == [f"env SFTQ_SQL_DIR=sql sftq db migrate --database-url {DB}"]
+    assert r.lines == [MIGRATE, CHECK_DATA_API]
+
+
+def test_db_asks_the_management_api_about_exposed_schemas(deploy: Runner) -> None:
+    env = {"SUPABASE_DB_URL": SETTINGS["SUPABASE_DB_URL"], "SUPABASE_ACCESS_TOKEN": ACCESS_TOKEN}
+    r = deploy("db", "-n", env=env)
+    assert r.code == 0, r.stderr
+    assert r.lines[-1] == ("printf %s 'header = \"Authorization: Bearer ***\"' | curl -fsS "
+                           "--config - https://api.supabase.com/v1/projects/abcdefgh/postgrest")
+    for schemas, ok in (("public, graphql_public", True), ("public,sftq", False),
+                        ("sftq", False)):
+        r = deploy("db", env=env | {"FAKE_CURL_ANSWER": json.dumps({"db_schema": schemas})})
+        assert (r.code == 0) is ok, (schemas, r.stderr)
+        if not ok:
+            assert "schema sftq is among the Data API's exposed schemas" in r.stderr
+        curl = [c for c in r.calls if c["argv"][0] == "curl"]
+        assert len(curl) == 1 and ACCESS_TOKEN in curl[0]["stdin"]
+        assert ACCESS_TOKEN not in " ".join(curl[0]["argv"])
 
 
 def test_db_refuses_the_transaction_pooler(deploy: Runner) -> None:
@@ -90,6 +119,8 @@ def test_db_refuses_the_transaction_pooler(deploy: Runner) -> None:
 def test_db_rejects_a_weak_login_password_and_a_non_url(deploy: Runner) -> None:
     r = deploy("--dry-run", "db", env=SETTINGS | {"SFTQ_API_DB_PASSWORD": "short"})
     assert r.code == 1 and "SFTQ_API_DB_PASSWORD is shorter than 16" in r.stderr
+    r = deploy("--dry-run", "db", env=SETTINGS | {"SFTQ_SCHEDULER_DB_PASSWORD": "short"})
+    assert r.code == 1 and "SFTQ_SCHEDULER_DB_PASSWORD is shorter than 16" in r.stderr
     r = deploy("--dry-run", "db", env={"SUPABASE_DB_URL": "host=db.example port=5432"})
     assert r.code == 1 and "SUPABASE_DB_URL must look like postgresql://" in r.stderr
 
@@ -115,10 +146,10 @@ def test_secrets_dry_run(deploy: Runner) -> None:
     r = deploy("--dry-run", "secrets", env=SETTINGS | {"GCP_SERVICE_ACCOUNT": SA})
     assert r.code == 0, r.stderr
     api = "'postgresql://sftq_api_login.abcdefgh:***@aws-0-eu-west-1.pooler.supabase.com:6543/postgres'"
+    scheduler = ("'postgresql://sftq_scheduler_login.abcdefgh:***"
+                 "@aws-0-eu-west-1.pooler.supabase.com:6543/postgres'")
     assert r.lines == [
-        *_secret_lines("database-url",
-                       "'postgresql://postgres.abcdefgh:***@aws-0-eu-west-1.pooler.supabase.com:6543/postgres'",
-                       SA),
+        *_secret_lines("database-url", scheduler, SA),
         *_secret_lines("api-database-url", api, SA),
         *_secret_lines("analytics-database-url", api, SA),
         *_secret_lines("fireworks-api-key", "'***'", SA),
@@ -146,7 +177,8 @@ def test_secrets_only_one_needs_only_its_settings(deploy: Runner) -> None:
     r = deploy("--dry-run", "secrets", "--only", "tick-secrets", env=env)
     assert r.code == 1 and "unknown secrets name 'tick-secrets'" in r.stderr
     r = deploy("--dry-run", "secrets", "db", "--only", "tick-secret", env=env)
-    assert r.code == 1 and "--only goes with a single secrets or functions step" in r.stderr
+    assert r.code == 1
+    assert "--only goes with a single secrets, services or functions step" in r.stderr
 
 
 def test_api_database_url_is_never_the_owner(deploy: Runner) -> None:
@@ -160,6 +192,22 @@ def test_api_database_url_is_never_the_owner(deploy: Runner) -> None:
     assert r.code == 0, r.stderr
     assert r.lines == _secret_lines("api-database-url",
                                     "'postgresql://someone.abcdefgh:***@pooler.example:6543/postgres'")
+
+
+def test_the_scheduler_connects_as_its_own_login_never_the_owner(deploy: Runner) -> None:
+    env = {k: v for k, v in SETTINGS.items() if k != "SFTQ_SCHEDULER_DB_PASSWORD"}
+    r = deploy("--dry-run", "secrets", "--only", "database-url", env=env)
+    assert r.code == 1
+    assert "SFTQ_SCHEDULER_DB_PASSWORD" in r.stderr and "never connect as the owner" in r.stderr
+    r = deploy("--dry-run", "secrets", "--only", "database-url", env=SETTINGS)
+    assert r.code == 0, r.stderr
+    assert "sftq_scheduler_login.abcdefgh:***@" in r.lines[1]
+    explicit = "postgresql://sched.abcdefgh:explicit-pass-123456@pooler.example:6543/postgres"
+    r = deploy("--dry-run", "secrets", "--only", "database-url",
+               env=env | {"SFTQ_SCHEDULER_DATABASE_URL": explicit})
+    assert r.code == 0, r.stderr
+    assert r.lines == _secret_lines("database-url",
+                                    "'postgresql://sched.abcdefgh:***@pooler.example:6543/postgres'")
 
 
 # ---- functions --------------------------------------------------------------------------
@@ -262,8 +310,10 @@ def test_functions_get_every_setting_the_code_reads(deploy: Runner, tmp_path: Pa
         for flag in ("--set-env-vars=", "--set-secrets="):
             value = next(w for w in line.split() if w.startswith(flag))[len(flag):]
             delivered |= {pair.split("=", 1)[0] for pair in value.split(",")}
-    # ANALYTICS_DATABASE_URL is the analytics function's own name for its DATABASE_URL.
-    assert read - delivered <= {"ANALYTICS_DATABASE_URL"}, read - delivered
+    # ANALYTICS_DATABASE_URL is the analytics function's own name for its DATABASE_URL, and
+    # SFTQ_DEV_STACK (which relaxes the tick secret's length) belongs to a local dev stack only.
+    assert read - delivered <= {"ANALYTICS_DATABASE_URL", "SFTQ_DEV_STACK"}, read - delivered
+    assert "SFTQ_DEV_STACK" not in (ROOT / "infra" / "deploy.sh").read_text()
 
 
 def test_staged_functions_serve_from_the_staged_folder_alone(
@@ -303,24 +353,32 @@ print(json.dumps({"status": resp.status_code, "package": sys.modules["sftq_serve
 # ---- cron -------------------------------------------------------------------------------
 
 def test_cron_dry_run(deploy: Runner) -> None:
-    r = deploy("--dry-run", "cron", env=SETTINGS)
+    check = f"{PSQL} -f cron/check_net_private.sql"
+    env = {k: v for k, v in SETTINGS.items() if k != "SUPABASE_URL"}
+    r = deploy("--dry-run", "cron", env=env)
     assert r.code == 0, r.stderr
     assert r.lines == [
-        f"{PSQL} -v tick_url=https://europe-west1-sftq-prod.cloudfunctions.net/scheduler-tick "
-        "-v 'tick_secret=***' -f cron/schedule_tick.sql"]
+        f"printf %s '***' | {PSQL} "
+        "-v tick_url=https://europe-west1-sftq-prod.cloudfunctions.net/scheduler-tick "
+        "-f cron/schedule_tick.sql", check]
+    # Through the Edge proxy when SUPABASE_URL is set.
+    r = deploy("--dry-run", "cron", env=env | {"SUPABASE_URL": "https://abcdefgh.supabase.co/"})
+    assert r.code == 0, r.stderr
+    assert "-v tick_url=https://abcdefgh.supabase.co/functions/v1/scheduler-tick " in r.lines[0]
     env = {"SUPABASE_DB_URL": SETTINGS["SUPABASE_DB_URL"], "SFTQ_TICK_SECRET": TICK_SECRET,
            "SFTQ_TICK_URL": "https://tick.example.com/functions/v1/scheduler-tick"}
     r = deploy("--dry-run", "cron", env=env)
     assert r.code == 0, r.stderr
-    assert r.lines == [f"{PSQL} -v tick_url=https://tick.example.com/functions/v1/scheduler-tick "
-                       "-v 'tick_secret=***' -f cron/schedule_tick.sql"]
+    assert r.lines == [f"printf %s '***' | {PSQL} "
+                       "-v tick_url=https://tick.example.com/functions/v1/scheduler-tick "
+                       "-f cron/schedule_tick.sql", check]
     r = deploy("--dry-run", "unschedule", env=env)
     assert r.lines == [f"{PSQL} -f cron/unschedule_tick.sql"]
     assert r.calls == []
-    # cron/_tick_secrets.sql refuses a short secret; the script says so before anything runs.
+    # scheduler-tick and cron/_tick_secrets.sql refuse a short secret; the script says so first.
     for step in ("cron", "secrets"):
-        r = deploy("--dry-run", step, env=SETTINGS | {"SFTQ_TICK_SECRET": "too-short"})
-        assert r.code == 1 and "SFTQ_TICK_SECRET is shorter than 16" in r.stderr
+        r = deploy("--dry-run", step, env=SETTINGS | {"SFTQ_TICK_SECRET": "x" * 31})
+        assert r.code == 1 and "SFTQ_TICK_SECRET is shorter than 32" in r.stderr
         assert r.stdout == ""
 
 
@@ -329,8 +387,9 @@ def test_cron_dry_run(deploy: Runner) -> None:
 @pytest.mark.parametrize(("step", "required"), [
     ("db", ["SUPABASE_DB_URL"]),
     ("secrets", ["GCP_PROJECT", "SUPABASE_POOLER_URL", "SFTQ_API_DB_PASSWORD", "FIREWORKS_API_KEY",
-                 "SFTQ_TICK_SECRET"]),
+                 "SFTQ_TICK_SECRET", "SFTQ_SCHEDULER_DB_PASSWORD"]),
     ("functions", ["GCP_PROJECT", "GCP_REGION", "FIREWORKS_ACCOUNT_ID"]),
+    ("services", ["GCP_PROJECT", "GCP_REGION", "FIREWORKS_ACCOUNT_ID"]),
     ("cron", ["SUPABASE_DB_URL", "SFTQ_TICK_SECRET", "GCP_PROJECT", "GCP_REGION"]),
     ("unschedule", ["SUPABASE_DB_URL"]),
 ])
@@ -355,51 +414,118 @@ def test_all_checks_every_step_before_running_any(deploy: Runner) -> None:
 # ---- real runs (against the stand-ins) ----------------------------------------------------
 
 def test_a_real_run_runs_exactly_what_it_prints(deploy: Runner, tmp_path: Path) -> None:
-    steps = ["db", "secrets", "functions"]
-    if (ROOT / "cron" / "schedule_tick.sql").exists():
-        steps.append("cron")
+    steps = ["db", "secrets", "services", "functions", "cron"]
     env = SETTINGS | {"SFTQ_ANALYST_DB_PASSWORD": ANALYST_DB_PASSWORD, "GCP_SERVICE_ACCOUNT": SA,
-                      "SFTQ_BUILD_DIR": str(tmp_path / "build"),
+                      "SFTQ_BUILD_DIR": str(tmp_path / "build"), "SFTQ_IMAGE_TAG": "t1",
+                      "SUPABASE_ACCESS_TOKEN": ACCESS_TOKEN,
+                      "FAKE_CURL_ANSWER": json.dumps({"db_schema": "public"}),
                       "SFTQ_FUNCTIONS_DIR": str(_fake_functions_dir(tmp_path))}
     r = deploy(*steps, env=env, missing_secrets="sftq-tick-secret,sftq-api-database-url")
     assert r.code == 0, r.stderr
 
-    expected: list[tuple[list[str], str | None]] = []
+    expected: list[tuple[list[str], str | None, dict[str, str]]] = []
     for line in r.lines:
         commands = printed_commands(line)
-        if len(commands) == 2:  # describe || create: create only for the missing secrets
+        if len(commands) == 2:  # describe || create: create only when describe failed
             describe, create = commands
             expected.append(describe)
-            if describe[0][3] in ("sftq-tick-secret", "sftq-api-database-url"):
+            if describe[0][1] == "secrets" and describe[0][3] in ("sftq-tick-secret",
+                                                                    "sftq-api-database-url"):
                 expected.append(create)
         else:
             expected += commands
-    ran = [(c["argv"], c["stdin"]) for c in r.calls]
+    ran = [(c["argv"], c["stdin"], c["env"]) for c in r.calls]
     assert len(ran) == len(expected)
-    for (argv, stdin), (cmd, shown_stdin) in zip(ran, expected, strict=True):
-        if cmd[0] == "env":  # env runs sftq with SFTQ_SQL_DIR set; the stand-in sees it
-            assert cmd[1] == "SFTQ_SQL_DIR=sql"
-            cmd = cmd[2:]
+    for (argv, stdin, child_env), (cmd, shown_stdin, shown_env) in zip(ran, expected, strict=True):
         assert [mask(w) for w in argv] == cmd
         assert mask(stdin) == (shown_stdin or "")
-    assert all(c["SFTQ_SQL_DIR"] == "sql" for c in r.calls if c["argv"][0] == "sftq")
+        assert {k: mask(v) for k, v in child_env.items() if k in shown_env} == shown_env
 
-    # What reached the tools unmasked: the real secrets, the derived API URL intact.
+    # What reached the tools unmasked, and how: secrets on stdin or in the environment.
     stdin_of = {c["argv"][4]: c["stdin"] for c in r.calls
                 if c["argv"][1:4] == ["secrets", "versions", "add"]}
     assert stdin_of["sftq-api-database-url"] == API_URL == stdin_of["sftq-analytics-database-url"]
     parsed = psycopg.conninfo.conninfo_to_dict(API_URL)
     assert parsed["user"] == "sftq_api_login.abcdefgh" and parsed["password"] == API_DB_PASSWORD
-    assert stdin_of["sftq-database-url"] == SETTINGS["SUPABASE_POOLER_URL"]
+    scheduler = psycopg.conninfo.conninfo_to_dict(stdin_of["sftq-database-url"])
+    assert scheduler["user"] == "sftq_scheduler_login.abcdefgh"
+    assert scheduler["password"] == SCHEDULER_DB_PASSWORD
     assert stdin_of["sftq-fireworks-api-key"] == FIREWORKS_KEY
     assert stdin_of["sftq-tick-secret"] == TICK_SECRET
-    psql_vars = [c["argv"] for c in r.calls if c["argv"][0] == "psql"]
-    assert f"password={API_DB_PASSWORD}" in psql_vars[0]
-    assert f"password={ANALYST_DB_PASSWORD}" in psql_vars[1]
-    # No secret reaches a command line except where psql needs it as a variable.
+    logins = {c["argv"][3]: c["stdin"] for c in r.calls if c["argv"][1:3] == ["db", "login-role"]}
+    assert logins == {"sftq_api_login": API_DB_PASSWORD, "sftq_analyst_login": ANALYST_DB_PASSWORD,
+                      "sftq_scheduler_login": SCHEDULER_DB_PASSWORD}
     for c in r.calls:
-        if c["argv"][0] == "gcloud":
-            assert mask(" ".join(c["argv"])) == " ".join(c["argv"])
+        if c["argv"][0] == "sftq":
+            assert c["env"]["DATABASE_URL"] == SETTINGS["SUPABASE_DB_URL"]
+        if c["argv"][0] == "psql":
+            assert c["env"]["PGPASSWORD"] == DB_PASSWORD
+    schedule = next(c for c in r.calls if "cron/schedule_tick.sql" in c["argv"])
+    assert schedule["stdin"] == TICK_SECRET
+    assert all(c["env"].get("SFTQ_SQL_DIR") == "sql" for c in r.calls
+               if c["argv"][:3] == ["sftq", "db", "migrate"])
+    # No secret on any command line.
+    for c in r.calls:
+        assert mask(" ".join(c["argv"])) == " ".join(c["argv"]), c["argv"]
+
+
+# ---- services (the container image) -------------------------------------------------------
+
+def test_services_dry_run(deploy: Runner, tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    env = SETTINGS | {"SFTQ_BUILD_DIR": str(build), "SFTQ_IMAGE_TAG": "v42",
+                      "GCP_SERVICE_ACCOUNT": SA}
+    r = deploy("--dry-run", "services", env=env)
+    assert r.code == 0, r.stderr
+    image = "europe-west1-docker.pkg.dev/sftq-prod/sftq/sftq:v42"
+    common = (f"--project=sftq-prod --region=europe-west1 --image={image} --port=8080 --cpu=2 "
+              "--memory=1Gi --concurrency=16")
+    assert r.lines == [
+        "gcloud artifacts repositories describe sftq --project=sftq-prod --location=europe-west1 "
+        "--quiet >/dev/null 2>&1 || gcloud artifacts repositories create sftq --project=sftq-prod "
+        "--location=europe-west1 --repository-format=docker --quiet",
+        f"gcloud builds submit {build}/image --project=sftq-prod --region=europe-west1 "
+        f"--tag={image} --quiet",
+        f"gcloud run deploy sftq-jobs-api {common} --timeout=60s --allow-unauthenticated "
+        f"--service-account={SA} --set-env-vars=FIREWORKS_ACCOUNT_ID=acme "
+        "--set-secrets=DATABASE_URL=sftq-api-database-url:latest,"
+        "FIREWORKS_API_KEY=sftq-fireworks-api-key:latest --quiet",
+        f"gcloud run deploy sftq-analytics {common} --timeout=60s --allow-unauthenticated "
+        f"--service-account={SA} --clear-env-vars "
+        "--set-secrets=DATABASE_URL=sftq-analytics-database-url:latest --quiet",
+        f"gcloud run deploy sftq-scheduler-tick {common} --timeout=110s --allow-unauthenticated "
+        f"--service-account={SA} --set-env-vars=FIREWORKS_ACCOUNT_ID=acme "
+        "--set-secrets=DATABASE_URL=sftq-database-url:latest,"
+        "FIREWORKS_API_KEY=sftq-fireworks-api-key:latest,"
+        "SFTQ_TICK_SECRET=sftq-tick-secret:latest --quiet",
+    ]
+    assert r.calls == []
+    staged = build / "image"
+    files = {str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()}
+    assert {"Dockerfile", ".dockerignore", "pyproject.toml", "constraints.txt",
+            "docs/openapi.json", "functions/sftq_server/gateway.py",
+            "functions/sftq_server/tick_http.py"} <= files
+    assert not any("__pycache__" in f or f.startswith(("sql/", "tests/")) for f in files)
+    assert (staged / "Dockerfile").read_bytes() == (ROOT / "Dockerfile").read_bytes()
+    pins = {line for line in (staged / "constraints.txt").read_text().splitlines()
+            if not line.startswith("#")}
+    assert {f"{p}=={metadata.version(p)}" for p in ("psycopg", "psycopg-pool", "pydantic",
+                                                     "httpx", "werkzeug", "granian")} <= pins
+    assert not any("[" in pin for pin in pins)  # pip constraints take no extras
+    r = deploy("--dry-run", "services", "--only", "analytics", env=env)
+    assert r.code == 0 and sum("gcloud run deploy" in line for line in r.lines) == 1
+
+
+def test_all_deploys_the_container_and_the_scheduler_login(deploy: Runner, tmp_path: Path) -> None:
+    env = SETTINGS | {"SFTQ_BUILD_DIR": str(tmp_path / "build"), "SFTQ_IMAGE_TAG": "v1"}
+    r = deploy("--dry-run", "all", env=env)
+    assert r.code == 0, r.stderr
+    text = "\n".join(r.lines)
+    assert "sftq db login-role sftq_scheduler_login --member-of sftq_scheduler" in text
+    assert "gcloud builds submit" in text and "gcloud run deploy sftq-scheduler-tick" in text
+    assert "gcloud functions deploy" not in text
+    assert "sftq_scheduler_login.abcdefgh:***@" in text  # scheduler-tick's DATABASE_URL
+    assert "postgres.abcdefgh:***@" not in text  # the owner's pooler URL reaches no function
 
 
 def test_secrets_never_show(deploy: Runner, tmp_path: Path) -> None:

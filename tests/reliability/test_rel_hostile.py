@@ -187,6 +187,14 @@ def test_path_tricks_and_bad_ids(world: dict[str, Any], figures: dict[str, Any])
         "/jobs?state=%27%20OR%201%3D1%20--", "/jobs?limit=1%3B%20DROP%20TABLE%20x",
         "/jobs?cursor='%20OR%201=1", "/jobs?state=QUEUED&state=SUCCESS", "/jobs?kind=%00",
         "/jobs/analytics/../summary", "/jobs/analytics/%2e%2e/queue",
+        # The history and capacity routes: someone else's job, odd paging, odd paths.
+        f"/jobs/{theirs}/events", f"/jobs/{theirs}/events?after=0&limit=100",
+        f"/jobs/{mine}/events?after=%27%20OR%201%3D1", f"/jobs/{mine}/events?limit=1%3B",
+        f"/jobs/{mine}/events?after=99999999999999999999", f"/jobs/{mine}/events?after=-1",
+        f"/jobs/{mine}/events?limit=100&limit=1", f"/jobs/{mine}%2Fevents",
+        f"/jobs/{mine}/events/../../{theirs}/events", f"/jobs/{theirs}%2Fevents",
+        "/capacity?users=all", "/capacity/..", "/capacity%00", "/jobs/capacity",
+        "/capacity?" + "&".join(f"p{i}=1" for i in range(500)),
         # Out of jobs-api into the other functions.
         "/../scheduler-tick", "/%2e%2e/scheduler-tick", "/../analytics/jobs/analytics/summary",
     ]
@@ -199,6 +207,7 @@ def test_path_tricks_and_bad_ids(world: dict[str, Any], figures: dict[str, Any])
 
     targets += [f"/jobs/{quote(b, safe='')}" for b in bad_ids]
     targets += [f"/jobs/{quote(b, safe='')}/analytics" for b in bad_ids]
+    targets += [f"/jobs/{quote(b, safe='')}/events" for b in bad_ids]
     problems = []
     statuses: Counter[int] = Counter()
     for target in targets:
@@ -354,6 +363,44 @@ def test_odd_headers(world: dict[str, Any], figures: dict[str, Any]) -> None:
     assert not problems, problems
     with connect(world["url"]) as conn:
         assert transition_violations(conn) == []
+
+
+def test_a_streamed_list_over_the_wire_and_a_reader_that_leaves(
+        world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """GET /jobs without a limit streams long lists (chunked, one page at a time): a complete
+    JSON array on the real HTTP server, and clients that stop reading half-way (more of them
+    than the pool has connections) leave the server answering everybody else."""
+    from sftq_server import api_listing
+
+    monkeypatch.setattr(api_listing, "STREAM_PAGE", 3)
+    port = world["served"].server.port
+    key = world["alice"].keys[0]
+    client = world["client"]
+    for _ in range(10):
+        _enqueue(client, key)
+    auth = [("Authorization", f"Bearer {key}")]
+    status, headers, body = raw_http(port, _req("GET", f"{JOBS}/jobs", auth))
+    assert status == 200 and headers.get("transfer-encoding") == "chunked"
+    decoded, rest = b"", body
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        decoded, rest = decoded + rest[:size], rest[size + 2:]
+    jobs = json.loads(decoded)
+    with connect(world["url"]) as conn:
+        expected = counts(conn, "SELECT count(*) FROM sftq.jobs j JOIN sftq.users u "
+                                "ON u.id = j.user_id WHERE u.name = %s", world["alice"].name)
+    assert len(jobs) == expected and len({j["id"] for j in jobs}) == expected
+    assert world["bob_job"] not in decoded.decode()
+    for _ in range(5):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(_req("GET", f"{JOBS}/jobs", auth))
+        s.recv(64)
+        s.close()
+    status, _, _ = raw_http(port, _req("GET", f"{JOBS}/jobs?limit=1", auth))
+    assert status == 200
 
 
 def test_a_client_that_lies_about_its_body_holds_nothing_for_long(world: dict[str, Any]) -> None:

@@ -1,19 +1,26 @@
-"""cron/*.sql against a real PostgreSQL: psql runs the files as an operator would.
+"""cron/*.sql against a real PostgreSQL: psql runs the files as an operator would, with the
+tick secret on its standard input.
 
 The stock pg_cron 1.4 variant runs against the real extension (the test cluster preloads
 pg_cron with cron.database_name = 'sftq_cron' when pg_cron.so is installed). pg_net and
 Supabase Vault do not exist here, so each test installs stand-ins with their signatures: a
-vault.secrets table and view, and a net.http_post that records its arguments. The Supabase
+vault.secrets table and view, and pg_net's own tables (net.http_request_queue,
+net._http_response) and net.http_post, with the grants pg_net's scripts and Supabase make
+(everything on the tables to PUBLIC, the function to anon and authenticated). The Supabase
 variant ('30 seconds') needs pg_cron >= 1.5: against an older real pg_cron the test checks
 that it is refused and leaves nothing behind, and its job row is checked against a stand-in
 cron schema instead (upsert by name, like pg_cron's own). Each scheduled command is then
-executed as pg_cron would, to check the URL and header it builds from Vault.
+executed as pg_cron would, to check the URL and the short-lived token it builds from Vault.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +34,7 @@ Conn = psycopg.Connection[Any]
 CRON = Path(__file__).resolve().parents[2] / "cron"
 CRON_DB = "sftq_cron"
 URL = "https://example-ref.supabase.co/functions/v1/scheduler-tick"
-SECRET = "cron-test-secret-4f9a7c2e1b8d"
+SECRET = "cron-test-secret-4f9a7c2e1b8d-0123456789"
 JOBS = ("sftq-scheduler-tick", "sftq-scheduler-tick-offset")
 
 PSQL = shutil.which("psql")
@@ -50,15 +57,27 @@ RETURNS void LANGUAGE sql AS $$
     UPDATE vault.secrets SET secret = coalesce(new_secret, secret), name = coalesce(new_name, name),
            description = coalesce(new_description, description) WHERE id = secret_id $$;
 CREATE SCHEMA net;
-CREATE TABLE net.calls (id bigserial PRIMARY KEY, url text, body jsonb, params jsonb,
-                        headers jsonb, timeout_milliseconds integer);
+CREATE UNLOGGED TABLE net.http_request_queue (id bigserial, method text NOT NULL, url text NOT NULL,
+                                              headers jsonb, body bytea,
+                                              timeout_milliseconds int NOT NULL);
+CREATE UNLOGGED TABLE net._http_response (id bigint, status_code integer, content_type text,
+                                          headers jsonb, content text, timed_out bool,
+                                          error_msg text,
+                                          created timestamptz NOT NULL DEFAULT now());
 CREATE FUNCTION net.http_post(url text, body jsonb DEFAULT '{}'::jsonb,
                               params jsonb DEFAULT '{}'::jsonb,
                               headers jsonb DEFAULT '{"Content-Type": "application/json"}'::jsonb,
                               timeout_milliseconds integer DEFAULT 5000)
 RETURNS bigint LANGUAGE sql AS $$
-    INSERT INTO net.calls (url, body, params, headers, timeout_milliseconds)
-    VALUES (url, body, params, headers, timeout_milliseconds) RETURNING id $$;
+    INSERT INTO net.http_request_queue (method, url, headers, body, timeout_milliseconds)
+    VALUES ('POST', url, headers, convert_to(body::text, 'UTF8'), timeout_milliseconds)
+    RETURNING id $$;
+-- What pg_net's install and upgrade scripts grant, and what Supabase adds for its API roles.
+GRANT USAGE ON SCHEMA net TO PUBLIC;
+GRANT ALL ON ALL SEQUENCES IN SCHEMA net TO PUBLIC;
+GRANT ALL ON ALL TABLES IN SCHEMA net TO PUBLIC;
+GRANT USAGE ON SCHEMA net TO anon, authenticated;
+GRANT EXECUTE ON FUNCTION net.http_post(text, jsonb, jsonb, jsonb, integer) TO anon, authenticated;
 """
 
 CRON_STANDIN = """
@@ -78,12 +97,40 @@ $$;
 """
 
 
-def psql(url: str, script: str, **variables: str) -> subprocess.CompletedProcess[str]:
+# Cluster-wide roles the lockdown is checked against: Supabase's Data API roles, and a login
+# role of the project's own (any database user must not read the queued request).
+PROBE_LOGIN = "sftq_test_probe_login"
+ROLES = f"""
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'anon') THEN
+        CREATE ROLE anon NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'authenticated') THEN
+        CREATE ROLE authenticated NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{PROBE_LOGIN}') THEN
+        CREATE ROLE {PROBE_LOGIN} LOGIN;
+    END IF;
+END $$;
+"""
+
+
+def install_standins(conn: Conn, *, pgcrypto_schema: str) -> None:
+    conn.execute(ROLES)
+    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {pgcrypto_schema}")
+    conn.execute(f"CREATE EXTENSION IF NOT EXISTS pgcrypto SCHEMA {pgcrypto_schema}")
+    conn.execute(STANDINS)
+
+
+def psql(url: str, script: str, *, secret: str | None = SECRET,
+         **variables: str) -> subprocess.CompletedProcess[str]:
+    """Run a cron script as the docs say: the secret on standard input, never on argv."""
     assert PSQL is not None
     args = [PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url, "-f", str(CRON / script)]
     for name, value in variables.items():
         args += ["-v", f"{name}={value}"]
-    return subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(args, input=secret or "", capture_output=True, text=True, timeout=60,
+                          check=False)
 
 
 def jobs(conn: Conn) -> dict[str, tuple[str, str]]:
@@ -102,21 +149,34 @@ def secrets(conn: Conn) -> dict[str, list[str]]:
 
 
 def fire(conn: Conn, command: str) -> tuple[str, dict[str, Any], Any, int]:
-    """Run a scheduled command as pg_cron would, and return what it asked pg_net to POST."""
+    """Run a scheduled command as pg_cron would, and return what it queued for pg_net."""
     conn.execute(command)
-    row = conn.execute("SELECT url, headers, body, timeout_milliseconds FROM net.calls "
+    row = conn.execute("SELECT url, headers, convert_from(body, 'UTF8')::jsonb, "
+                       "timeout_milliseconds FROM net.http_request_queue "
                        "ORDER BY id DESC LIMIT 1").fetchone()
     assert row is not None
     return row[0], row[1], row[2], row[3]
 
 
+TOKEN = re.compile(r"Bearer v1\.([0-9]+)\.([0-9a-f]{64})")
+
+
 def check_command(conn: Conn, command: str, secret: str = SECRET) -> None:
     # The secret and URL live in Vault, never in cron.job, whose command anyone with
     # access to the cron schema (and its run log) can read.
-    assert SECRET not in command and URL not in command
+    assert secret not in command and URL not in command
+    before = time.time()
     url, headers, body, timeout = fire(conn, command)
     assert url == URL
-    assert headers == {"Content-Type": "application/json", "Authorization": f"Bearer {secret}"}
+    assert set(headers) == {"Content-Type", "Authorization"}
+    assert headers["Content-Type"] == "application/json"
+    # Not the secret: a token of it that scheduler-tick accepts for two minutes.
+    match = TOKEN.fullmatch(headers["Authorization"])
+    assert match is not None, headers
+    assert int(before) - 1 <= int(match[1]) <= time.time() + 1
+    assert match[2] == hmac.new(secret.encode(), match[1].encode(), hashlib.sha256).hexdigest()
+    queued = conn.execute("SELECT headers::text FROM net.http_request_queue").fetchall()
+    assert not any(secret in row[0] for row in queued)
     assert body == {} and timeout == 25000
 
 
@@ -131,7 +191,7 @@ def real_cron(pg_cluster: LocalCluster) -> Iterator[tuple[str, Conn]]:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
         conn.execute("DROP SCHEMA IF EXISTS vault, net CASCADE")
-        conn.execute(STANDINS)
+        install_standins(conn, pgcrypto_schema="public")
         try:
             yield url, conn
         finally:
@@ -143,7 +203,8 @@ def real_cron(pg_cluster: LocalCluster) -> Iterator[tuple[str, Conn]]:
 @pytest.fixture
 def standin_cron(db_url: str) -> Iterator[tuple[str, Conn]]:
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(STANDINS)
+        # pgcrypto where Supabase keeps it: the scripts must find it there.
+        install_standins(conn, pgcrypto_schema="extensions")
         conn.execute(CRON_STANDIN)
         yield db_url, conn
 
@@ -158,7 +219,7 @@ def pg_cron_version(conn: Conn) -> tuple[int, ...]:
 def test_pgcron14_variant_on_real_pg_cron(real_cron: tuple[str, Conn]) -> None:
     url, conn = real_cron
     for _ in range(2):  # a second run replaces, never adds
-        done = psql(url, "schedule_tick_pgcron14.sql", tick_url=URL, tick_secret=SECRET)
+        done = psql(url, "schedule_tick_pgcron14.sql", tick_url=URL)
         assert done.returncode == 0, done.stderr
         assert set(jobs(conn)) == {"sftq-scheduler-tick"}
     schedule, command = jobs(conn)["sftq-scheduler-tick"]
@@ -167,14 +228,14 @@ def test_pgcron14_variant_on_real_pg_cron(real_cron: tuple[str, Conn]) -> None:
     assert secrets(conn) == {"sftq_tick_secret": [SECRET], "sftq_tick_url": [URL]}
 
     # The half-minute companion, then rotating the secret and dropping the companion again.
-    done = psql(url, "schedule_tick_pgcron14.sql", tick_url=URL, tick_secret=SECRET,
-                half_minute="on")
+    done = psql(url, "schedule_tick_pgcron14.sql", tick_url=URL, half_minute="on")
     assert done.returncode == 0, done.stderr
     assert set(jobs(conn)) == set(JOBS)
     offset_schedule, offset_command = jobs(conn)["sftq-scheduler-tick-offset"]
     assert offset_schedule == "* * * * *" and "pg_sleep(30)" in offset_command
+    check_command(conn, offset_command.replace("SELECT pg_sleep(30);", ""))
     rotated = SECRET + "-rotated"
-    done = psql(url, "schedule_tick_pgcron14.sql", tick_url=URL, tick_secret=rotated)
+    done = psql(url, "schedule_tick_pgcron14.sql", secret=rotated, tick_url=URL)
     assert done.returncode == 0, done.stderr
     assert set(jobs(conn)) == {"sftq-scheduler-tick"}
     assert secrets(conn) == {"sftq_tick_secret": [rotated], "sftq_tick_url": [URL]}
@@ -189,7 +250,7 @@ def test_pgcron14_variant_on_real_pg_cron(real_cron: tuple[str, Conn]) -> None:
 @needs_psql
 def test_supabase_variant_on_real_pg_cron(real_cron: tuple[str, Conn]) -> None:
     url, conn = real_cron
-    done = psql(url, "schedule_tick.sql", tick_url=URL, tick_secret=SECRET)
+    done = psql(url, "schedule_tick.sql", tick_url=URL)
     if pg_cron_version(conn) >= (1, 5):
         assert done.returncode == 0, done.stderr
         assert jobs(conn)["sftq-scheduler-tick"][0] == "30 seconds"
@@ -205,7 +266,7 @@ def test_supabase_variant_on_real_pg_cron(real_cron: tuple[str, Conn]) -> None:
 def test_supabase_variant_structure(standin_cron: tuple[str, Conn]) -> None:
     url, conn = standin_cron
     for _ in range(2):
-        done = psql(url, "schedule_tick.sql", tick_url=URL, tick_secret=SECRET)
+        done = psql(url, "schedule_tick.sql", tick_url=URL)
         assert done.returncode == 0, done.stderr
         assert set(jobs(conn)) == {"sftq-scheduler-tick"}
     schedule, command = jobs(conn)["sftq-scheduler-tick"]
@@ -213,8 +274,7 @@ def test_supabase_variant_structure(standin_cron: tuple[str, Conn]) -> None:
     check_command(conn, command)
     assert secrets(conn) == {"sftq_tick_secret": [SECRET], "sftq_tick_url": [URL]}
 
-    done = psql(url, "schedule_tick.sql", tick_url=URL, tick_secret=SECRET,
-                tick_schedule="15 seconds")
+    done = psql(url, "schedule_tick.sql", tick_url=URL, tick_schedule="15 seconds")
     assert done.returncode == 0, done.stderr
     assert jobs(conn)["sftq-scheduler-tick"][0] == "15 seconds"
 
@@ -224,18 +284,86 @@ def test_supabase_variant_structure(standin_cron: tuple[str, Conn]) -> None:
 
 
 @needs_psql
-@pytest.mark.parametrize(("variables", "message"), [
-    ({"tick_secret": SECRET}, "tick_url is not set"),
-    ({"tick_url": URL}, "tick_secret is not set"),
-    ({"tick_url": "example.com/tick", "tick_secret": SECRET}, "must be an http(s) URL"),
-    ({"tick_url": URL, "tick_secret": "short"}, "at least 16 characters"),
+@pytest.mark.parametrize(("secret", "variables", "message"), [
+    (SECRET, {}, "tick_url is not set"),
+    (None, {"tick_url": URL}, "the tick secret is not set"),
+    (SECRET, {"tick_url": "example.com/tick"}, "must be an http(s) URL"),
+    ("short-but-not-32-characters", {"tick_url": URL}, "at least 32 characters"),
+    # On the command line any local user could read it with ps: refused.
+    (SECRET, {"tick_url": URL, "tick_secret": SECRET}, "not taken as a psql variable"),
 ])
 @pytest.mark.parametrize("script", ["schedule_tick.sql", "schedule_tick_pgcron14.sql"])
-def test_bad_variables_change_nothing(standin_cron: tuple[str, Conn], script: str,
-                                      variables: dict[str, str], message: str) -> None:
+def test_bad_input_changes_nothing(standin_cron: tuple[str, Conn], script: str,
+                                   secret: str | None, variables: dict[str, str],
+                                   message: str) -> None:
     url, conn = standin_cron
-    done = psql(url, script, **variables)
+    done = psql(url, script, secret=secret, **variables)
     assert done.returncode != 0
     assert message in done.stderr
     assert SECRET not in done.stdout + done.stderr
     assert jobs(conn) == {} and secrets(conn) == {}
+
+
+@needs_psql
+def test_pgcrypto_is_required(standin_cron: tuple[str, Conn]) -> None:
+    url, conn = standin_cron
+    conn.execute("DROP EXTENSION pgcrypto")
+    done = psql(url, "schedule_tick.sql", tick_url=URL)
+    assert done.returncode != 0 and "pgcrypto is not installed" in done.stderr
+    assert jobs(conn) == {} and secrets(conn) == {}
+
+
+# ---- pg_net's schema is closed to everyone but the job's owner ---------------------------
+
+def can(conn: Conn, role: str, sql: str) -> bool:
+    with conn.transaction():
+        conn.execute(f"SET LOCAL ROLE {role}")
+        try:
+            with conn.transaction():
+                conn.execute(sql)
+            return True
+        except psycopg.errors.InsufficientPrivilege:
+            return False
+
+
+PROBES = {
+    "read the queued request": "SELECT headers FROM net.http_request_queue",
+    "read the answers": "SELECT content FROM net._http_response",
+    "queue a request": "INSERT INTO net.http_request_queue (method, url, timeout_milliseconds) "
+                       "VALUES ('GET', 'http://169.254.169.254/', 1000)",
+    "call http_post": "SELECT net.http_post('http://169.254.169.254/')",
+}
+
+
+def check_net(url: str) -> subprocess.CompletedProcess[str]:
+    return psql(url, "check_net_private.sql", secret=None)
+
+
+@needs_psql
+def test_the_schedule_closes_pg_net_to_other_roles(standin_cron: tuple[str, Conn]) -> None:
+    url, conn = standin_cron
+    # As pg_net and Supabase leave it, every role can read the queue and send requests.
+    for role in ("anon", "authenticated", PROBE_LOGIN):
+        assert can(conn, role, PROBES["read the queued request"]), role
+    refused = check_net(url)
+    assert refused.returncode != 0 and "pg_net is open to roles other than" in refused.stderr
+    assert f"{PROBE_LOGIN} can select net.http_request_queue" in refused.stderr
+
+    done = psql(url, "schedule_tick.sql", tick_url=URL)
+    assert done.returncode == 0, done.stderr
+    for role in ("anon", "authenticated", PROBE_LOGIN):
+        for what, sql in PROBES.items():
+            assert not can(conn, role, sql), f"{role} can still {what}"
+    acl = conn.execute("SELECT count(*) FROM pg_class c, aclexplode(c.relacl) a "
+                       "WHERE c.relnamespace = 'net'::regnamespace AND a.grantee = 0").fetchone()
+    assert acl == (0,)
+    passed = check_net(url)
+    assert passed.returncode == 0, passed.stderr
+    # The job's owner still fires the tick.
+    check_command(conn, jobs(conn)["sftq-scheduler-tick"][1])
+
+    # A grant that comes back later (an extension upgrade, a hand-made one) is caught.
+    conn.execute(f"GRANT SELECT ON net.http_request_queue TO {PROBE_LOGIN}")
+    again = check_net(url)
+    assert again.returncode != 0
+    assert f"{PROBE_LOGIN} can select net.http_request_queue" in again.stderr

@@ -18,7 +18,13 @@ from sftq_server.db import Database
 from sftq_server.pgcluster import free_port
 from sftq_server.provider import FireworksClient
 from sftq_server.settings import Settings
-from sftq_server.tick_http import TickApp, make_tick_app
+from sftq_server.tick_http import (
+    TickApp,
+    TickSecretError,
+    make_tick_app,
+    require_tick_secret,
+    tick_token,
+)
 
 Conn = psycopg.Connection[Any]
 FUNCTIONS = Path(__file__).resolve().parents[2] / "functions"
@@ -173,3 +179,102 @@ def test_provider_factory_is_called_once(settings: Settings, database: Database,
     for _ in range(3):
         assert call(tick_app, authorization=BEARER)[0] == 200
     assert len(made) == 1
+
+
+# ---- the short-lived token pg_cron sends, and the minimum secret length --------------------
+
+NOW = 1_800_000_000.0
+
+
+def _ticks(conn: Conn) -> int:
+    row = conn.execute("SELECT count(*) FROM sftq.scheduler_ticks").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_fresh_token_runs_a_tick_and_a_stale_or_forged_one_does_not(
+        conn: Conn, settings: Settings, database: Database, make_provider: Any) -> None:
+    clocked = make_tick_app(settings, db=database, provider_factory=make_provider,
+                            clock=lambda: NOW)
+    try:
+        refused = [
+            tick_token(TICK_SECRET, NOW - 121),  # minted too long ago
+            tick_token(TICK_SECRET, NOW + 121),  # or too far ahead
+            tick_token("another-secret-0123456789abcdefghij", NOW),
+            tick_token(TICK_SECRET, NOW).upper(),
+            tick_token(TICK_SECRET, NOW)[:-1],
+            f"v1.{int(NOW)}.{'0' * 64}",
+            tick_token(TICK_SECRET, NOW).replace("v1.", "v2.", 1),
+        ]
+        for token in refused:
+            status, _, body = call(clocked, authorization=f"Bearer {token}")
+            assert (status, body["code"]) == (401, "unauthorized"), token
+        assert _ticks(conn) == 0
+        for minted in (NOW, NOW - 120, NOW + 120):
+            token = tick_token(TICK_SECRET, minted)
+            status, _, body = call(clocked, authorization=f"Bearer {token}")
+            assert status == 200 and body["status"] in ("ok", "skipped"), body
+        # The secret itself stays accepted (sftq tick, the ticker, a person's curl).
+        assert call(clocked, authorization=BEARER)[0] == 200
+        assert _ticks(conn) == 4
+    finally:
+        clocked.close()
+
+
+def test_the_token_is_hmac_sha256_of_the_seconds() -> None:
+    import hashlib
+    import hmac
+
+    token = tick_token("k" * 32, 1_700_000_000.9)
+    expected = hmac.new(b"k" * 32, b"1700000000", hashlib.sha256).hexdigest()
+    assert token == f"v1.1700000000.{expected}"
+
+
+@pytest.mark.parametrize("length", [12, 16, 31])
+def test_a_short_secret_is_refused_outside_the_dev_stack(
+        conn: Conn, settings: Settings, database: Database, make_provider: Any,
+        length: int) -> None:
+    short = TICK_SECRET[:length]
+    weak = Settings(**{**settings.__dict__, "tick_secret": short})
+    with pytest.raises(TickSecretError, match="at least 32"):
+        require_tick_secret(weak)
+    # Built anyway (a host that skipped the check): every request is refused, even the right one.
+    app = make_tick_app(weak, db=database, provider_factory=make_provider)
+    status, _, body = call(app, authorization=f"Bearer {short}")
+    assert status == 503 and body["code"] == "not_configured"
+    assert "at least 32" in body["error"] and short not in body["error"]  # never echoed
+    assert _ticks(conn) == 0
+    # Inside the dev stack (SFTQ_DEV_STACK=1) the length is its own business.
+    dev = Settings(**{**weak.__dict__, "dev_stack": True})
+    require_tick_secret(dev)
+    dev_app = make_tick_app(dev, db=database, provider_factory=make_provider)
+    assert call(dev_app, authorization=f"Bearer {short}")[0] == 200
+    dev_app.close()
+    require_tick_secret(settings)  # 32 characters are enough
+
+
+def test_hosts_refuse_to_start_with_a_short_secret(monkeypatch: pytest.MonkeyPatch,
+                                                   settings: Settings) -> None:
+    import functions_framework
+
+    from sftq_server import gateway
+    from sftq_server.settings import get_settings
+
+    monkeypatch.setenv("DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("SFTQ_TICK_SECRET", "only-twenty-characters")
+    monkeypatch.delenv("SFTQ_DEV_STACK", raising=False)
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(Exception) as failed:
+            functions_framework.create_app(target="scheduler_tick",
+                                           source=str(FUNCTIONS / "scheduler_tick.py"))
+        assert "at least 32" in str(failed.value) or "at least 32" in repr(failed.value.__cause__)
+        sys.modules.pop("scheduler_tick", None)
+        with pytest.raises(TickSecretError, match="at least 32"):
+            gateway.create_app()
+        monkeypatch.setenv("SFTQ_DEV_STACK", "1")
+        get_settings.cache_clear()
+        gateway.create_app().close()
+    finally:
+        sys.modules.pop("scheduler_tick", None)
+        get_settings.cache_clear()

@@ -331,8 +331,25 @@ def test_estimates_cost_is_bounded_by_the_window_not_the_queue(q: Q) -> None:
     row = view(q, me, t(12))[mine]
     assert row["queue_position"] == 5000
     assert row["waiting_code"] == "next_tick" or row["waiting_code"].startswith("behind")
-    assert re.match(r"extrapolated: 5000 jobs ahead, beyond the (5\d\d) admissions simulated",
+    assert re.match(r"extrapolated: 5000 jobs ahead, beyond the (3\d\d) admissions simulated",
                     row["estimate_basis"])
     # 64 GPUs / 4 = 16 jobs an hour: 5000 ahead is about 312 hours away.
     hours = (row["estimated_start_at"] - t(12)).total_seconds() / 3600
     assert 250 < hours < 380
+
+
+def test_the_streams_progress_frames_carry_the_same_finish_estimate(q: Q) -> None:
+    a = q.user("a")
+    job = q.enqueue(a, at=t(0))
+    q.admit(8, at=t(0))
+    q.submitted(job, at=t(0))
+    q.one("SELECT sftq._event(%s, now() - interval '10 minutes', 'scheduler', 'provider_state', "
+          "'PROGRESS', '{\"progress_percent\": 10}')", job)
+    frame = q.one("SELECT sftq.stream_estimated_finish(j, '{}'::jsonb) FROM sftq.jobs j "
+                  "WHERE j.id = %s", job)
+    analytics = q.one("SELECT sftq.job_analytics(%s, %s)", a, job)
+    assert frame is not None
+    assert datetime.fromisoformat(analytics["estimated_finish_at"]) == frame
+    q.provider_state(job, "JOB_STATE_COMPLETED")
+    assert q.one("SELECT sftq.stream_estimated_finish(j, '{}'::jsonb) FROM sftq.jobs j "
+                 "WHERE j.id = %s", job) is None

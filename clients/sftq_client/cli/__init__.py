@@ -33,7 +33,7 @@ from ..errors import (
     Unauthorized,
     WaitTimeout,
 )
-from . import analytics, dashboard, jobs, watch
+from . import analytics, dashboard, jobs, visibility, watch
 from ._common import (
     EXIT_CODES,
     EXIT_CONFLICT,
@@ -59,7 +59,7 @@ from ._server import register as register_server_commands
 __all__ = ["EXIT_CODES", "SERVER_COMMANDS", "client_factory", "main"]
 
 # The command groups, in the order `sftq --help` lists them.
-_GROUPS = (jobs, analytics, watch, dashboard)
+_GROUPS = (jobs, analytics, watch, visibility, dashboard)
 
 
 def _default_client_factory(api_key: str | None, api_url: str | None) -> Client:

@@ -251,7 +251,8 @@ def add_wait_options(parser: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=5.0,
         metavar="S",
-        help="seconds between the first polls; backs off to 60s while nothing changes (default 5)",
+        help="seconds between the first polls; backs off to 60s while nothing changes (default "
+        "5); on a terminal the live status line refreshes at least every 5s",
     )
     parser.add_argument(
         "--timeout",

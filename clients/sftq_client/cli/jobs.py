@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from datetime import UTC, datetime
+from collections.abc import Callable
 from itertools import islice
-from typing import Any, Final, TextIO
+from typing import Any, Final
 
+from .._stream import StreamUnavailable, wait_streaming
 from ..models import KINDS, STATES, CancelResult, Job
 from ._common import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     CommandFactory,
     Context,
@@ -20,7 +21,6 @@ from ._common import (
     add_wait_options,
     err,
     exit_for_job,
-    fmt_duration,
     fmt_time,
     out,
     positive_int,
@@ -29,6 +29,9 @@ from ._common import (
     table,
     upper_choice,
 )
+from .live import REFRESH as LIVE_REFRESH
+from .live import LiveStatus
+from .watch import LiveLine
 
 
 def _read_payload(path: str, kind: str) -> dict[str, Any]:
@@ -67,43 +70,52 @@ def _read_payload(path: str, kind: str) -> dict[str, Any]:
     return data
 
 
-class _Progress:
-    """wait()'s on_progress: one rewritten status line on a terminal, else a line per change."""
-
-    def __init__(self, stream: TextIO, tty: bool) -> None:
-        self._stream = stream
-        self._tty = tty
-        self._started = time.monotonic()
-        self._last_state: str | None = None
-        self._dirty = False
-
-    def __call__(self, job: Job) -> None:
-        if self._tty:
-            elapsed = fmt_duration(time.monotonic() - self._started)
-            self._stream.write(f"\r\x1b[K{job.id}  {job.state}  (waiting {elapsed})")
-            self._stream.flush()
-            self._dirty = True
-        elif job.state != self._last_state:
-            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            self._stream.write(f"{now} {job.id} {job.state}\n")
-            self._stream.flush()
-        self._last_state = job.state
-
-    def close(self) -> None:
-        if self._dirty:
-            self._stream.write("\n")
-            self._stream.flush()
-            self._dirty = False
+def _follow(ctx: Context, job_id: str, *, interval: float, timeout: float | None,
+            line: Callable[[Any], None]) -> Job:
+    """Wait through the job's stream (each change within about a second); where the server does
+    not stream, poll, at least every LIVE_REFRESH seconds on a terminal (the live line shows
+    what each poll reads)."""
+    try:
+        return wait_streaming(ctx.client, job_id, timeout=timeout, on_event=line)
+    except StreamUnavailable:
+        tty = ctx.stderr_tty
+        return ctx.client.wait(
+            job_id,
+            poll_interval=min(interval, LIVE_REFRESH) if tty else interval,
+            max_interval=LIVE_REFRESH if tty else max(60.0, interval),
+            timeout=timeout,
+            on_progress=line,
+        )
 
 
 def _wait_and_report(
     ctx: Context, job_id: str, *, interval: float, timeout: float | None, as_json: bool
 ) -> int:
-    # Through the job's stream (each change within about a second), polling where the server
-    # does not stream (sftq_client.cli.watch.wait_live).
-    from .watch import wait_live
+    # On a terminal, one live line with the reasons and estimates (cli.live); else a line per
+    # change (cli.watch.LiveLine, the stream's wording).
+    live = LiveStatus(sys.stderr, ctx.client.job_analytics) if ctx.stderr_tty else None
+    plain = LiveLine(sys.stderr, False)
+    last: dict[str, str] = {}
 
-    job = wait_live(ctx, job_id, interval=interval, timeout=timeout)
+    def line(item: Any) -> None:
+        job = item if isinstance(item, Job) else getattr(item, "job", None)
+        if isinstance(job, Job):
+            last["state"] = job.state
+        (live or plain)(item)
+
+    try:
+        job = _follow(ctx, job_id, interval=interval, timeout=timeout, line=line)
+    except KeyboardInterrupt:
+        if live is not None:
+            live.close()
+        still = f" (still {last['state']})" if "state" in last else ""
+        err(f"stopped waiting; job {job_id} is unaffected{still}. "
+            f"Resume with: sftq wait {job_id}   (cancel it with: sftq cancel {job_id})")
+        return EXIT_INTERRUPTED
+    finally:
+        if live is not None:
+            live.close()
+        plain.close()
     print_job(job, as_json)
     return exit_for_job(job)
 
@@ -131,6 +143,9 @@ def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_OK
 
 
+# What a plain `sftq list` shows: the newest jobs, with a note when more exist.
+LIST_PAGE: Final = 100
+
 _JOB_COLUMNS: Final = ("ID", "KIND", "STATE", "GPUS", "CREATED", "STARTED", "COMPLETED", "NAME")
 
 
@@ -150,12 +165,13 @@ def _job_row(job: Job) -> list[object]:
 def _cmd_list(args: argparse.Namespace, ctx: Context) -> int:
     more = False
     if args.all or args.limit is not None:
-        # Only --all and --limit page: a plain `sftq list` is one request, like the contract's curl.
         page_size = 500 if args.limit is None else min(args.limit, 1000)
         jobs_iter = ctx.client.iter_jobs(state=args.state, kind=args.kind, page_size=page_size)
         jobs = list(jobs_iter if args.limit is None else islice(jobs_iter, args.limit))
     else:
-        page = ctx.client.list_jobs(state=args.state, kind=args.kind)
+        # A plain `sftq list` is one page of the newest jobs: GET /jobs without a limit would
+        # answer every job, which is more than a table on a terminal wants.
+        page = ctx.client.list_jobs(state=args.state, kind=args.kind, limit=LIST_PAGE)
         jobs, more = page.items, page.has_more
     if args.json:
         print_json(jobs)

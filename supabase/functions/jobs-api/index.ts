@@ -1,0 +1,4 @@
+// Supabase Edge Function `jobs-api`: forwards to the Python function (see ../_shared/sftq_proxy.ts).
+import { serve } from "../_shared/sftq_proxy.ts";
+
+serve("jobs-api");
