@@ -161,6 +161,27 @@ class Browser:
     def text(self, css: str) -> str:
         return str(self.find(css).text)
 
+    def click(self, css: str) -> None:
+        """Click, trying again if the page redrew the element meanwhile."""
+        def attempt() -> bool:
+            self.find(css).click()
+            return True
+
+        self.wait(attempt, f"a click on {css}", timeout=10)
+
+    def texts(self, css: str) -> list[str]:
+        """Texts of every match, read in one go (the page may redraw between two reads)."""
+        found: list[str] = self.js(
+            "return [...document.querySelectorAll(arguments[0])].map(e => e.innerText)", css)
+        return found
+
+    def attrs(self, css: str, name: str) -> list[str | None]:
+        """An attribute of every match, read in one go."""
+        found: list[str | None] = self.js(
+            "return [...document.querySelectorAll(arguments[0])].map(e => e.getAttribute("
+            "arguments[1]))", css, name)
+        return found
+
     def present(self, css: str) -> bool:
         return bool(self.find_all(css))
 

@@ -123,33 +123,30 @@ def test_live_flow_in_a_real_browser(stack: Stack, browser: Browser) -> None:
     assert b.text("#job-title") == XSS
     b.go("#/jobs")
     b.wait(lambda: b.present(f'tr[data-job-id="{xss_id}"]'), "the list with the second job")
-    assert b.find(f'tr[data-job-id="{xss_id}"] td.name a').text == XSS
+    assert b.texts(f'tr[data-job-id="{xss_id}"] td.name a') == [XSS]
     assert b.find_all("img[src=x]") == [] and b.find_all("main img") == []
     no_alert(b)
 
     # The list: filters, a queued job's reason, a finished job's times.
-    b.wait(lambda: b.find(f'tr[data-job-id="{xss_id}"] .reason').text, "the waiting reason")
-    done_row = b.find(f'tr[data-job-id="{job_id}"]')
-    assert done_row.get_attribute("data-state") == "SUCCESS"
+    b.wait(lambda: any(b.texts(f'tr[data-job-id="{xss_id}"] .reason')), "the waiting reason")
+    assert b.attrs(f'tr[data-job-id="{job_id}"]', "data-state") == ["SUCCESS"]
     b.screenshot("jobs", 1440)
     b.screenshot("jobs", 375)
     # Pages of 25, never the whole history: the week of seeded jobs spills onto a second page.
-    assert len(b.find_all("#jobs-table tbody tr")) == 25
-    b.find(".pager button:last-child").click()
+    assert len(b.attrs("#jobs-table tbody tr", "data-job-id")) == 25
+    b.click(".pager button:last-child")
     b.wait(lambda: "Page 2" in b.text(".pager"), "the second page")
-    b.wait(lambda: b.find("#jobs-table tbody tr").get_attribute("data-job-id") != xss_id,
-           "older jobs")
+    b.wait(lambda: xss_id not in b.attrs("#jobs-table tbody tr", "data-job-id"), "older jobs")
     b.go("#/jobs?state=SUCCESS")
-    b.wait(lambda: b.find("#jobs-table tbody tr").get_attribute("data-job-id") == job_id,
+    b.wait(lambda: b.attrs("#jobs-table tbody tr", "data-job-id")[:1] == [job_id],
            "the SUCCESS filter")
-    assert {r.get_attribute("data-state") for r in b.find_all("#jobs-table tbody tr")} == {
-        "SUCCESS"}
+    assert set(b.attrs("#jobs-table tbody tr", "data-state")) == {"SUCCESS"}
     assert b.find("#f-state").get_attribute("value") == "SUCCESS"
 
     # Cancel another, with the confirmation.
     b.go(f"#/job/{xss_id}")
     b.wait(lambda: b.present("#cancel-job"), "the cancel button")
-    b.find("#cancel-job").click()
+    b.click("#cancel-job")
     b.wait(lambda: b.present("dialog[open]"), "the confirmation")
     b.screenshot("cancel-confirm", 375)
     b.find("dialog[open] button.danger").click()
@@ -162,14 +159,13 @@ def test_live_flow_in_a_real_browser(stack: Stack, browser: Browser) -> None:
     stack.submit("other-users-second-secret", key=other, gpus=2)
     b.go("#/queue")
     b.wait(lambda: b.present("#queue-table tr.mine"), "my job in the queue")
-    rows = b.find_all("#queue-table tbody tr")
-    assert [r.get_attribute("data-mine") for r in rows] == ["1", "0"]
-    assert b.find("#queue-table tr.mine a").get_attribute("href").endswith(f"#/job/{mine}")
-    assert "Another user" in rows[1].text
+    assert b.attrs("#queue-table tbody tr", "data-mine") == ["1", "0"]
+    assert b.attrs("#queue-table tr.mine a", "href") == [f"#/job/{mine}"]
+    assert "Another user" in b.texts("#queue-table tbody tr")[1]
     source = b.driver.page_source
     for leak in ("other-users-second-secret", "other-users-secret-name", "dash-other", SECRET):
         assert leak not in source
-    assert all(r.find_element("css selector", "td.reason").text for r in rows)
+    assert all(b.texts("#queue-table td.reason"))
     b.screenshot("queue", 1440)
     b.screenshot("queue", 375)
 

@@ -73,7 +73,7 @@ def test_first_paint_under_a_second_with_10000_jobs(stack: Stack, browser: Brows
             performance.getEntriesByName('first-contentful-paint')[0].startTime]""")
         assert fcp <= mark
         timings.append(float(mark))
-        assert len(b.find_all("#jobs-table tbody tr")) == 25
+        assert len(b.attrs("#jobs-table tbody tr", "data-job-id")) == 25
     print(f"first page of jobs painted after {[round(t) for t in timings]} ms")
     assert statistics.median(timings) < BUDGET_MS, timings
 
