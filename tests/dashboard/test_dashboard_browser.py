@@ -7,6 +7,7 @@ another origin; screenshots at 375 and 1440 px kept as artifacts."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,8 +45,6 @@ def job_state(b: Browser) -> str | None:
 
 def fill_submit(b: Browser, *, name: str, gpus: str = "4", payload: str | None = None,
                 kind: str = "SFT") -> None:
-    import json
-
     from selenium.webdriver.support.ui import Select
 
     b.go("#/submit")
@@ -157,13 +156,17 @@ def test_live_flow_in_a_real_browser(stack: Stack, browser: Browser) -> None:
     # The queue: mine highlighted, the other user's job without name, id or payload.
     mine = stack.submit("queued-mine")
     stack.submit("other-users-second-secret", key=other, gpus=2)
+    for n, gpus in (("ann", 16), ("ben", 8)):
+        stack.submit(f"{n}-private-run", key=stack.user(f"dash-{n}"), gpus=gpus, kind="DPO")
+    stack.submit("queued-mine-too", gpus=2, kind="RFT")
     b.go("#/queue")
-    b.wait(lambda: b.present("#queue-table tr.mine"), "my job in the queue")
-    assert b.attrs("#queue-table tbody tr", "data-mine") == ["1", "0"]
-    assert b.attrs("#queue-table tr.mine a", "href") == [f"#/job/{mine}"]
-    assert "Another user" in b.texts("#queue-table tbody tr")[1]
+    b.wait(lambda: len(b.attrs("#queue-table tbody tr", "data-mine")) == 5, "the queue")
+    assert b.attrs("#queue-table tbody tr", "data-mine") == ["1", "0", "0", "0", "1"]
+    assert b.attrs("#queue-table tr.mine a", "href")[0] == f"#/job/{mine}"
+    assert all("Another user" in t for t in b.texts("#queue-table tbody tr")[1:4])
     source = b.driver.page_source
-    for leak in ("other-users-second-secret", "other-users-secret-name", "dash-other", SECRET):
+    for leak in ("other-users-second-secret", "other-users-secret-name", "dash-other", SECRET,
+                 "ann-private-run", "ben-private-run", "dash-ann", "dash-ben"):
         assert leak not in source
     assert all(b.texts("#queue-table td.reason"))
     b.screenshot("queue", 1440)
@@ -202,7 +205,8 @@ def test_live_flow_in_a_real_browser(stack: Stack, browser: Browser) -> None:
 def test_validation_messages_sit_beside_their_fields(stack: Stack, browser: Browser) -> None:
     b = browser
     b.sign_in(stack.url, stack.key)
-    fill_submit(b, name="x" * 300, gpus="100")
+    plain = json.dumps({k: PAYLOAD[k] for k in ("baseModel", "dataset", "epochs")}, indent=2)
+    fill_submit(b, name="x" * 300, gpus="100", payload=plain)
     b.wait(lambda: b.text("#err-gpu_count"), "the gpu_count message")
     assert b.text("#err-gpu_count") == "gpu_count must be an integer from 1 to 64"
     assert b.text("#err-display_name").startswith("display_name must be a string of at most 256")
