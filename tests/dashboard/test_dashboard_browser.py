@@ -347,3 +347,25 @@ def test_screenshots_are_kept(shots: Path) -> None:
     for view in ("jobs", "queue", "capacity", "charts", "job-done", "signin"):
         assert {f"{view}-375.png", f"{view}-1440.png"} <= names, view
     print(f"dashboard screenshots: {shots}")
+
+
+def test_retry_from_the_job_page(stack: Stack, browser: Browser) -> None:
+    paths = stack.http.get(f"{stack.api}/openapi.json").json()["paths"]
+    if "/jobs/{id}/retry" not in paths:
+        pytest.skip("this server has no POST /jobs/{id}/retry yet (issue 10)")
+    b = browser
+    job_id = stack.submit("to-retry", gpus=1)
+    r = stack.http.delete(f"{stack.api}/jobs/{job_id}", headers=stack.auth())
+    assert r.status_code == 200, r.text
+    b.sign_in(stack.url, stack.key)
+    b.go(f"#/job/{job_id}")
+    b.wait(lambda: job_state(b) == "CANCELLED", "the cancelled job")
+    b.click("#retry-job")
+    b.wait(lambda: b.present("dialog[open]"), "the confirmation")
+    b.find("dialog[open] button.danger").click()
+    b.wait(lambda: not b.driver.current_url.endswith(job_id) and job_state(b) == "QUEUED",
+           "the new job")
+    new_id = b.driver.current_url.rsplit("/", 1)[-1]
+    assert stack.job(new_id)["retry_of"] == job_id
+    assert b.attrs("#job-record a[href^='#/job/']", "href") == [f"#/job/{job_id}"]
+    assert b.console_errors() == []
