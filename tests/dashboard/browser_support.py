@@ -82,6 +82,8 @@ class Browser:
         self.shots = shots
         self.console: list[dict[str, Any]] = []
         self.requests: list[str] = []
+        # Per screenshot, how far the page is wider than the window (> 0: a sideways scroll).
+        self.overflow: dict[str, int] = {}
         if dark:
             self.color_scheme("dark")
 
@@ -210,6 +212,8 @@ class Browser:
             "width": width, "height": int(min(full, 4000)), "deviceScaleFactor": 1,
             "mobile": width < 500})
         time.sleep(0.3)
+        self.overflow[f"{name}-{width}"] = int(self.js(
+            "return document.documentElement.scrollWidth - window.innerWidth"))
         self.shots.mkdir(parents=True, exist_ok=True)
         path = self.shots / f"{name}-{width}.png"
         self.driver.save_screenshot(str(path))

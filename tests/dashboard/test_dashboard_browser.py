@@ -190,6 +190,8 @@ def test_live_flow_in_a_real_browser(stack: Stack, browser: Browser) -> None:
     b.screenshot("jobs-dark", 1440)
     b.color_scheme("light")
 
+    # Readable from 375 px to 1440 px: no view scrolls sideways.
+    assert {shot: px for shot, px in b.overflow.items() if px > 0} == {}
     # Nothing went wrong, and nothing left this origin.
     assert b.console_errors() == []
     assert b.foreign_requests(origin) == []
