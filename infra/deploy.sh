@@ -66,7 +66,7 @@ Settings (environment variables):
                             https://REGION-PROJECT.cloudfunctions.net/scheduler-tick)
   Passed to the functions when set: FIREWORKS_BASE_URL FIREWORKS_QUOTA_ID FIREWORKS_TIMEOUT
     SFTQ_USAGE_GRACE_SECONDS SFTQ_TICK_LEASE_SECONDS SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS
-    SFTQ_MAX_BODY_BYTES
+    SFTQ_MAX_BODY_BYTES SFTQ_TICK_INTERVAL_SECONDS SFTQ_CAPACITY_SHOW_USERS
   SFTQ_SECRET_PREFIX        Secret Manager names are PREFIX + short name (default sftq-)
   SFTQ_BUILD_DIR            where functions are staged (default: a new temporary folder)
   SFTQ_FUNCTIONS_DIR        the functions' source (default functions)
@@ -511,8 +511,10 @@ entry_point() {
 function_env() {
     case $1 in
         jobs-api) echo FIREWORKS_ACCOUNT_ID FIREWORKS_BASE_URL FIREWORKS_TIMEOUT \
-            SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS SFTQ_MAX_BODY_BYTES ;;
-        analytics) echo SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS ;;
+            SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS SFTQ_MAX_BODY_BYTES \
+            SFTQ_USAGE_GRACE_SECONDS SFTQ_TICK_INTERVAL_SECONDS SFTQ_CAPACITY_SHOW_USERS ;;
+        analytics) echo SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS \
+            SFTQ_USAGE_GRACE_SECONDS SFTQ_TICK_INTERVAL_SECONDS ;;
         scheduler-tick) echo FIREWORKS_ACCOUNT_ID FIREWORKS_BASE_URL FIREWORKS_QUOTA_ID FIREWORKS_TIMEOUT \
             SFTQ_USAGE_GRACE_SECONDS SFTQ_TICK_LEASE_SECONDS SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS ;;
     esac

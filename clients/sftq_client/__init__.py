@@ -13,10 +13,12 @@ from ._client import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, AsyncClient, Client
 from ._stream import StreamUnavailable
 from ._version import __version__
 from .errors import (
+    AmbiguousJobId,
     APIConnectionError,
     BadRequest,
     ConfigurationError,
     Conflict,
+    MissingSetting,
     NotFound,
     PayloadTooLarge,
     RateLimited,
@@ -65,6 +67,7 @@ __all__ = [
     "STATES",
     "TERMINAL_STATES",
     "APIConnectionError",
+    "AmbiguousJobId",
     "AsyncClient",
     "BadRequest",
     "CancelResult",
@@ -81,6 +84,7 @@ __all__ = [
     "JobAnalytics",
     "JobPage",
     "Kind",
+    "MissingSetting",
     "NotFound",
     "PayloadTooLarge",
     "Progress",

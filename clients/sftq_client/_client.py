@@ -13,6 +13,7 @@ import inspect
 import math
 import os
 import random
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -28,10 +29,12 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ._version import __version__
 from .errors import (
+    AmbiguousJobId,
     APIConnectionError,
     BadRequest,
     ConfigurationError,
     Conflict,
+    MissingSetting,
     NotFound,
     PayloadTooLarge,
     RateLimited,
@@ -76,6 +79,21 @@ _WAIT_BACKOFF_FACTOR: Final = 1.5
 
 _JOB_LIST: Final = TypeAdapter(list[Job])
 
+_API_KEY_SETTING: Final = MissingSetting("API key", "api_key", "--api-key", ("SFTQ_API_KEY",))
+_API_URL_SETTING: Final = MissingSetting(
+    "API URL",
+    "base_url",
+    "--api-url",
+    ("SFTQ_API_URL", "SUPABASE_URL"),
+    note="with SUPABASE_URL the jobs-api is $SUPABASE_URL/functions/v1/jobs-api",
+)
+# A job id in full (canonical UUID, or its 32 hex digits), or a prefix of at least 8 digits.
+_FULL_ID_RE: Final = re.compile(r"[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}|[0-9a-f]{32}")
+_HEX_RE: Final = re.compile(r"[0-9a-f-]+")
+MIN_ID_PREFIX: Final = 8
+# How many candidates a prefix lookup asks for: enough to show an ambiguity, never a history.
+_PREFIX_CANDIDATES: Final = 10
+
 # Indirections so tests can replace time without patching the time/asyncio modules themselves.
 _sync_sleep: Callable[[float], None] = time.sleep
 _async_sleep: Callable[[float], Any] = asyncio.sleep
@@ -105,6 +123,11 @@ def _job_path(job_id: str, suffix: str = "") -> str:
 
 def _drop_none(params: Mapping[str, object | None]) -> dict[str, str]:
     return {k: str(v) for k, v in params.items() if v is not None}
+
+
+def _upper(value: str | None) -> str | None:
+    """States and kinds are case-insensitive for callers ("queued" is QUEUED)."""
+    return value.upper() if isinstance(value, str) else value
 
 
 def _parse_retry_after(value: str | None) -> float | None:
@@ -170,12 +193,24 @@ class _Core:
         max_retries: int,
     ) -> None:
         key = api_key if api_key is not None else os.environ.get("SFTQ_API_KEY")
-        if not key or not key.strip():
+        url = self._base_url_setting(base_url)
+        # Every missing setting at once: fixing one only to be told of the next wastes a run.
+        missing = tuple(
+            setting
+            for setting, value in ((_API_KEY_SETTING, key), (_API_URL_SETTING, url))
+            if not value or not value.strip()
+        )
+        if missing:
             raise ConfigurationError(
-                "no API key: pass api_key= (CLI: --api-key) or set SFTQ_API_KEY"
+                "missing settings: "
+                + "; ".join(f"{m.what}: pass {m.ways('python')}" for m in missing),
+                missing=missing,
             )
+        assert key is not None and url is not None
         self.api_key = key.strip()
-        self.base_url = self._resolve_base_url(base_url)
+        self.base_url = self._check_base_url_form(url)
+        # Set once GET /health showed the base URL leads to the jobs-api (see base_url_error).
+        self.base_url_verified = False
         if timeout <= 0:
             raise ValueError("timeout must be positive")
         if max_retries < 0:
@@ -190,22 +225,67 @@ class _Core:
         }
 
     @staticmethod
-    def _resolve_base_url(base_url: str | None) -> str:
+    def _base_url_setting(base_url: str | None) -> str | None:
         if base_url:
-            url = base_url
-        elif os.environ.get("SFTQ_API_URL"):
-            url = os.environ["SFTQ_API_URL"]
-        elif os.environ.get("SUPABASE_URL"):
-            url = os.environ["SUPABASE_URL"].rstrip("/") + JOBS_API_PATH
-        else:
-            raise ConfigurationError(
-                "no API URL: pass base_url= (CLI: --api-url) or set SFTQ_API_URL, "
-                "or SUPABASE_URL for the hosted jobs-api"
-            )
+            return base_url
+        if os.environ.get("SFTQ_API_URL"):
+            return os.environ["SFTQ_API_URL"]
+        if os.environ.get("SUPABASE_URL"):
+            return os.environ["SUPABASE_URL"].strip().rstrip("/") + JOBS_API_PATH
+        return None
+
+    @staticmethod
+    def _check_base_url_form(url: str) -> str:
         url = url.strip().rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ConfigurationError(f"API URL must start with http:// or https://, got {url!r}")
         return url
+
+    def base_url_error(self, health: httpx.Response) -> ConfigurationError | None:
+        """After a 404: whether the base URL is not the jobs-api at all (its GET /health is
+        404 too), as when it is a Supabase project's root instead of .../functions/v1/jobs-api.
+        Any other answer means it is the jobs-api, and the 404 was about the job."""
+        if health.status_code != 404:
+            self.base_url_verified = True
+            return None
+        path = urlsplit(self.base_url).path.rstrip("/")
+        suggestion = ""
+        if path in ("", "/functions/v1", "/functions"):
+            root = self.base_url[: len(self.base_url) - len(path)] if path else self.base_url
+            suggestion = f"; did you mean {root}{JOBS_API_PATH}?"
+        return ConfigurationError(
+            f"the API URL {self.base_url} is not the jobs-api (it has no /health): it must be "
+            f"the jobs-api's root, of the form .../functions/v1/jobs-api{suggestion}"
+        )
+
+    # ---- job ids -----------------------------------------------------------------------------
+
+    @staticmethod
+    def job_id_prefix(job_id: str) -> str | None:
+        """None for a full id (or anything that cannot be a prefix); else the prefix's hex digits.
+
+        ValueError for a prefix too short to look up (fewer than 8 characters).
+        """
+        if not isinstance(job_id, str) or not job_id.strip():
+            raise ValueError("job_id must be a non-empty string")
+        text = job_id.strip().lower()
+        if _FULL_ID_RE.fullmatch(text) or not _HEX_RE.fullmatch(text):
+            return None
+        digits = text.replace("-", "")
+        if len(digits) < MIN_ID_PREFIX:
+            raise ValueError(
+                f"{job_id.strip()!r} is too short for a job id: give the whole id or at least "
+                f"its first {MIN_ID_PREFIX} characters"
+            )
+        return digits
+
+    @staticmethod
+    def pick_job(job_id: str, candidates: list[Job]) -> str:
+        if not candidates:
+            raise NotFound(f"no job of yours has an id starting with {job_id.strip()}", status=404)
+        if len(candidates) > 1:
+            raise AmbiguousJobId(job_id.strip(), candidates)
+        return candidates[0].id
 
     # ---- building requests -------------------------------------------------------------------
 
@@ -222,7 +302,7 @@ class _Core:
 
     def submit(
         self,
-        kind: Kind,
+        kind: Kind | str,
         fireworks_payload: Mapping[str, Any],
         *,
         display_name: str | None,
@@ -233,7 +313,9 @@ class _Core:
             raise TypeError(
                 "fireworks_payload must be a mapping (the body you would send to Fireworks)"
             )
-        body: dict[str, Any] = {"kind": kind, "fireworks_payload": dict(fireworks_payload)}
+        # Kinds are case-insensitive here, as in the CLI; the API's body wants upper case.
+        upper = kind.upper() if isinstance(kind, str) else kind
+        body: dict[str, Any] = {"kind": upper, "fireworks_payload": dict(fireworks_payload)}
         if display_name is not None:
             body["display_name"] = display_name
         if gpu_count is not None:
@@ -252,12 +334,21 @@ class _Core:
     def list_jobs(
         self,
         *,
-        state: State | None,
-        kind: Kind | None,
+        state: State | str | None,
+        kind: Kind | str | None,
         limit: int | None,
         cursor: str | None,
+        id_prefix: str | None = None,
     ) -> _Call[JobPage]:
-        params = _drop_none({"state": state, "kind": kind, "limit": limit, "cursor": cursor})
+        params = _drop_none(
+            {
+                "state": _upper(state),
+                "kind": _upper(kind),
+                "limit": limit,
+                "cursor": cursor,
+                "id_prefix": id_prefix,
+            }
+        )
 
         def parse(response: httpx.Response) -> JobPage:
             items = _JOB_LIST.validate_python(response.json())
@@ -511,6 +602,25 @@ class Client:
         return f"Client(base_url={self._core.base_url!r})"
 
     def _send(self, call: _Call[T]) -> T:
+        try:
+            return self._send_with_retries(call)
+        except NotFound:
+            self._check_base_url()
+            raise
+
+    def _check_base_url(self) -> None:
+        """After a 404: fail with ConfigurationError if the base URL is not the jobs-api."""
+        if self._core.base_url_verified:
+            return
+        try:
+            health = self._http.get("/health")
+        except httpx.TransportError:
+            return  # cannot tell; the 404 stands
+        error = self._core.base_url_error(health)
+        if error is not None:
+            raise error from None
+
+    def _send_with_retries(self, call: _Call[T]) -> T:
         attempt = 0
         while True:
             request = self._core.build_request(self._http, call)
@@ -529,7 +639,7 @@ class Client:
 
     def submit(
         self,
-        kind: Kind,
+        kind: Kind | str,
         fireworks_payload: Mapping[str, Any],
         *,
         display_name: str | None = None,
@@ -550,17 +660,39 @@ class Client:
     def list_jobs(
         self,
         *,
-        state: State | None = None,
-        kind: Kind | None = None,
+        state: State | str | None = None,
+        kind: Kind | str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        id_prefix: str | None = None,
     ) -> JobPage:
-        """The caller's jobs, newest first. Without ``limit`` and ``cursor`` the server answers
-        every job in one response; with ``limit`` one page (``iter_jobs`` follows the pages)."""
-        return self._send(self._core.list_jobs(state=state, kind=kind, limit=limit, cursor=cursor))
+        """The caller's jobs, newest first: one page with ``limit``; without ``limit`` and
+        ``cursor``, the server answers every job in one response (``iter_jobs`` follows pages).
+        ``state`` and ``kind`` are case-insensitive; ``id_prefix`` (8 or more hex digits) keeps
+        the jobs whose id starts with it (one page, never more)."""
+        return self._send(
+            self._core.list_jobs(
+                state=state, kind=kind, limit=limit, cursor=cursor, id_prefix=id_prefix
+            )
+        )
+
+    def resolve_job_id(self, job_id: str) -> str:
+        """The full id of one of your jobs, from its full id (no request) or an unambiguous
+        prefix of at least 8 characters (``0f6c1c9e``). NotFound when none of your jobs starts
+        with it, AmbiguousJobId (with the candidates) when several do, ValueError when the
+        prefix is shorter than 8."""
+        prefix = self._core.job_id_prefix(job_id)
+        if prefix is None:
+            return job_id.strip()
+        page = self.list_jobs(id_prefix=prefix, limit=_PREFIX_CANDIDATES)
+        return self._core.pick_job(job_id, page.items)
 
     def iter_jobs(
-        self, *, state: State | None = None, kind: Kind | None = None, page_size: int = 100
+        self,
+        *,
+        state: State | str | None = None,
+        kind: Kind | str | None = None,
+        page_size: int = 100,
     ) -> Iterator[Job]:
         """Every matching job, newest first, fetching pages lazily as the iterator advances."""
         cursor: str | None = None
@@ -697,6 +829,24 @@ class AsyncClient:
         return f"AsyncClient(base_url={self._core.base_url!r})"
 
     async def _send(self, call: _Call[T]) -> T:
+        try:
+            return await self._send_with_retries(call)
+        except NotFound:
+            await self._check_base_url()
+            raise
+
+    async def _check_base_url(self) -> None:
+        if self._core.base_url_verified:
+            return
+        try:
+            health = await self._http.get("/health")
+        except httpx.TransportError:
+            return
+        error = self._core.base_url_error(health)
+        if error is not None:
+            raise error from None
+
+    async def _send_with_retries(self, call: _Call[T]) -> T:
         attempt = 0
         while True:
             request = self._core.build_request(self._http, call)
@@ -715,7 +865,7 @@ class AsyncClient:
 
     async def submit(
         self,
-        kind: Kind,
+        kind: Kind | str,
         fireworks_payload: Mapping[str, Any],
         *,
         display_name: str | None = None,
@@ -735,17 +885,32 @@ class AsyncClient:
     async def list_jobs(
         self,
         *,
-        state: State | None = None,
-        kind: Kind | None = None,
+        state: State | str | None = None,
+        kind: Kind | str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        id_prefix: str | None = None,
     ) -> JobPage:
         return await self._send(
-            self._core.list_jobs(state=state, kind=kind, limit=limit, cursor=cursor)
+            self._core.list_jobs(
+                state=state, kind=kind, limit=limit, cursor=cursor, id_prefix=id_prefix
+            )
         )
 
+    async def resolve_job_id(self, job_id: str) -> str:
+        """As :meth:`Client.resolve_job_id`."""
+        prefix = self._core.job_id_prefix(job_id)
+        if prefix is None:
+            return job_id.strip()
+        page = await self.list_jobs(id_prefix=prefix, limit=_PREFIX_CANDIDATES)
+        return self._core.pick_job(job_id, page.items)
+
     async def iter_jobs(
-        self, *, state: State | None = None, kind: Kind | None = None, page_size: int = 100
+        self,
+        *,
+        state: State | str | None = None,
+        kind: Kind | str | None = None,
+        page_size: int = 100,
     ) -> AsyncIterator[Job]:
         cursor: str | None = None
         seen: set[str] = set()

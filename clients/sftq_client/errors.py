@@ -7,6 +7,7 @@ parsing text.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "APIConnectionError",
+    "AmbiguousJobId",
     "BadRequest",
     "ConfigurationError",
     "Conflict",
@@ -24,6 +26,7 @@ __all__ = [
     "ServiceUnavailable",
     "SftqError",
     "Timeout",
+    "MissingSetting",
     "Unauthorized",
     "WaitTimeout",
 ]
@@ -76,8 +79,30 @@ class SftqError(Exception):
         )
 
 
+@dataclass(frozen=True)
+class MissingSetting:
+    """One setting the client could not find, and every way of giving it."""
+
+    what: str  # "API key"
+    argument: str  # the constructor's keyword, "api_key"
+    option: str  # the CLI's option, "--api-key"
+    environment: tuple[str, ...]  # environment variables, in order of preference
+    note: str = ""  # how an alternative variable is used, if it needs saying
+
+    def ways(self, via: str) -> str:
+        """'--api-key or SFTQ_API_KEY' (via="cli") or 'api_key= or SFTQ_API_KEY' (via="python")."""
+        first = self.option if via == "cli" else f"{self.argument}="
+        text = " or ".join((first, *self.environment))
+        return f"{text} ({self.note})" if self.note else text
+
+
 class ConfigurationError(SftqError):
-    """No API key or no base URL could be found (argument or environment)."""
+    """No API key or no base URL could be found (argument or environment), or the base URL
+    does not lead to the jobs-api. ``missing`` lists every setting that was not found."""
+
+    def __init__(self, message: str, *, missing: tuple[MissingSetting, ...] = ()) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 class BadRequest(SftqError):
@@ -118,6 +143,18 @@ class APIConnectionError(SftqError):
 
 class Timeout(APIConnectionError):
     """The request timed out (connect, read, write or pool) after the client ran out of retries."""
+
+
+class AmbiguousJobId(SftqError):
+    """A job id prefix that matches more than one of your jobs; ``candidates`` are those jobs
+    (up to the few the server was asked for)."""
+
+    def __init__(self, prefix: str, candidates: list[Job]) -> None:
+        super().__init__(
+            f"{prefix} is the start of {len(candidates)} of your jobs' ids; give more characters"
+        )
+        self.prefix = prefix
+        self.candidates = candidates
 
 
 class WaitTimeout(SftqError, TimeoutError):

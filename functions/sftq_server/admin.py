@@ -147,6 +147,40 @@ def set_cap(url: str, name: str, cap: int) -> None:
         conn.execute(db.SET_CAP, (name, cap))
 
 
+@dataclass(frozen=True)
+class UserStatus:
+    running: int
+    queued: int
+    disabled_at: datetime | None
+    changed: bool  # False when the user already was as asked
+
+
+def set_disabled(url: str, name: str, disabled: bool) -> UserStatus:
+    """Disable or re-enable a user; what their jobs now are (see DISABLE_HELP)."""
+    with connect(url) as conn, conn.transaction():
+        before = conn.execute(db.USER_STATUS, (name,)).fetchone()
+        conn.execute(db.SET_USER_DISABLED, (name, disabled))  # SQ404 for an unknown user
+        row = conn.execute(db.USER_STATUS, (name,)).fetchone()
+    assert before is not None and row is not None
+    return UserStatus(
+        running=int(row[0]),
+        queued=int(row[1]),
+        disabled_at=row[2],
+        changed=(before[2] is None) == disabled,
+    )
+
+
+# What disabling means for a user's jobs: said in `sftq admin disable-user --help` and docs/dev.md.
+DISABLE_HELP = (
+    "Their keys answer 401 on every route until enable-user (the keys are not revoked). Their "
+    "QUEUED jobs stay queued but are not admitted, and do not hold up anyone else's; they keep "
+    "their place in the FIFO order (by submission time), so after enable-user they go ahead of "
+    "jobs submitted since. Their PROGRESS jobs keep running at Fireworks to the end and the "
+    "scheduler records how they end as usual (still counted against the GPU budget). The "
+    "user cannot cancel while disabled: cancel first if the jobs must stop."
+)
+
+
 def list_users(url: str) -> list[UserRow]:
     with connect(url) as conn:
         rows = conn.execute(db.LIST_USERS).fetchall()

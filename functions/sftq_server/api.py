@@ -48,7 +48,8 @@ _UUID_RE = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
 _CURSOR_RE = re.compile(r"[0-9]{1,17}_[0-9a-f]{32}")
 _LIMIT_RE = re.compile(r"[0-9]{1,4}")
 _IDEMPOTENCY_RE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
-_LIST_PARAMS = frozenset({"state", "kind", "limit", "cursor"})
+_LIST_PARAMS = frozenset({"state", "kind", "limit", "cursor", "id_prefix"})
+_ID_PREFIX_RE = re.compile(r"[0-9a-fA-F-]{8,36}")
 _KEY_PREFIX_LEN = 13  # what sftq.api_keys.prefix stores: safe to log, useless to an attacker
 
 CANCEL_PENDING_MESSAGE = "cancel recorded; the scheduler will finish it at its next tick"
@@ -225,6 +226,10 @@ def limit_param(query: dict[str, str], default: int | None, maximum: int) -> int
     return int(raw_limit)
 
 
+def _upper(value: str | None) -> str | None:
+    return None if value is None else value.upper()
+
+
 def _body(row: tuple[Any, ...] | None) -> tuple[Any, ...]:
     if row is None or row[0] is None:
         raise SftqError("the database answered no row")
@@ -264,10 +269,11 @@ class JobsApi:
     def list_jobs(self, request: Request) -> Response:
         key_hash = authenticate(request)
         query = check_query(request, _LIST_PARAMS)
-        state = query.get("state")
+        # States and kinds are case-insensitive (?state=queued), as in the client and the CLI.
+        state = _upper(query.get("state"))
         if state is not None and state not in STATES:
             raise BadRequest("state must be one of " + ", ".join(STATES))
-        kind = query.get("kind")
+        kind = _upper(query.get("kind"))
         if kind is not None and kind not in KINDS:
             raise BadRequest("kind must be one of " + ", ".join(KINDS))
         limit = limit_param(query, None, MAX_PAGE_SIZE)
@@ -275,6 +281,10 @@ class JobsApi:
         if cursor is not None and not _CURSOR_RE.fullmatch(cursor):
             raise BadRequest("cursor is not valid; use the X-Next-Cursor value of the "
                              "previous page")
+        id_prefix = query.get("id_prefix")
+        if id_prefix is not None:
+            return self._jobs_by_id_prefix(key_hash, id_prefix, state, kind,
+                                           DEFAULT_PAGE_SIZE if limit is None else limit, cursor)
         if limit is None and cursor is None:
             # The contract's "all of your jobs, newest first": every job, streamed.
             from .api_listing import all_jobs
@@ -290,6 +300,19 @@ class JobsApi:
             link = f"{request.script_name}/jobs?{urlencode(params, quote_via=quote)}"
             headers += [("X-Next-Cursor", next_cursor), ("Link", f'<{link}>; rel="next"')]
         return Response(200, body.encode(), headers)
+
+    # GET /jobs?id_prefix=: one page of the caller's jobs whose id starts so, never paged.
+    def _jobs_by_id_prefix(self, key_hash: bytes, prefix: str, state: str | None,
+                           kind: str | None, limit: int, cursor: str | None) -> Response:
+        if cursor is not None:
+            raise BadRequest("cursor and id_prefix do not go together: an id_prefix answer "
+                             "is one page")
+        if not _ID_PREFIX_RE.fullmatch(prefix) or len(prefix.replace("-", "")) < 8:
+            raise BadRequest("id_prefix must be 8 to 32 hexadecimal digits of a job id "
+                             "(dashes allowed)")
+        body = _body(self.db.fetchone(dbmod.API_JOBS_BY_ID_PREFIX,
+                                      (key_hash, prefix, state, kind, limit)))[0]
+        return Response(200, body.encode(), list(JSON_HEADERS))
 
     # GET /jobs/{id}
     def get_job(self, request: Request, raw_id: str) -> Response:

@@ -10,6 +10,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .admin import UserStatus
 
 DATA_DIR_HELP = "dev stack folder (default: .sftq)"
 
@@ -40,6 +44,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         simulator_job_seconds=args.simulator_job_seconds,
         tick_interval=args.tick_interval,
         provider=args.provider,
+        verbose=args.verbose,
     )
     return DevStack(config).run()
 
@@ -55,6 +60,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     settings = dataclasses.replace(Settings.from_env(), database_url=database_url(args))
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if not args.verbose:
+        # One line per request (the access log) and one per tick; not one more per call the
+        # tick makes to the provider.
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     gateway.serve(args.host, args.port, settings)
     return 0
 
@@ -96,10 +106,26 @@ def _cmd_admin(args: argparse.Namespace) -> int:
         elif args.admin_cmd == "set-cap":
             admin.set_cap(url, args.name, args.cap)
             print(f"{args.name} may now run {args.cap} job(s) at once")
+        elif args.admin_cmd in ("disable-user", "enable-user"):
+            disabled = args.admin_cmd == "disable-user"
+            status = admin.set_disabled(url, args.name, disabled)
+            print(_disabled_line(args.name, disabled, status))
     except admin.AdminError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code
     return 0
+
+
+def _disabled_line(name: str, disabled: bool, status: UserStatus) -> str:
+    jobs = f"{status.queued} queued, {status.running} running"
+    if disabled:
+        head = f"disabled {name}" if status.changed else f"{name} was already disabled"
+        return (
+            f"{head}: their keys answer 401; {jobs} (queued jobs wait without being admitted, "
+            "running ones run to the end); undo with: sftq admin enable-user " + name
+        )
+    head = f"enabled {name}" if status.changed else f"{name} was not disabled"
+    return f"{head}: their keys work again; {jobs} (queued jobs are admitted in FIFO order again)"
 
 
 def _database_options(p: argparse.ArgumentParser) -> None:
@@ -152,11 +178,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="seconds between scheduler ticks; 0: no ticker, tick with "
         "POST /functions/v1/scheduler-tick (default: 30)",
     )
+    dev.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log details: each request to the provider, and the ticker's own line per tick "
+        "(default: one line per tick, from the functions)",
+    )
     dev.set_defaults(func=_cmd_dev)
 
     serve = sub.add_parser("serve", help="serve the three functions at /functions/v1/<name>")
     serve.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8080, help="port (default: 8080)")
+    serve.add_argument(
+        "-v", "--verbose", action="store_true", help="also log each request to the provider"
+    )
     _database_options(serve)
     serve.set_defaults(func=_cmd_serve)
 
@@ -178,6 +214,23 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = adm_sub.add_parser("set-cap", help="set how many jobs a user may run at once")
     p.add_argument("name", metavar="NAME")
     p.add_argument("cap", metavar="N", type=int)
+    _database_options(p)
+    from .admin import DISABLE_HELP
+
+    p = adm_sub.add_parser(
+        "disable-user",
+        help="stop a user's keys working; their queued jobs wait, running ones finish",
+        description="Disable user NAME. " + DISABLE_HELP,
+    )
+    p.add_argument("name", metavar="NAME")
+    _database_options(p)
+    p = adm_sub.add_parser(
+        "enable-user",
+        help="undo disable-user: keys work again, queued jobs are admitted again",
+        description="Enable user NAME again: their keys work again (unless revoked) and their "
+        "queued jobs are admitted again, in FIFO order by submission time.",
+    )
+    p.add_argument("name", metavar="NAME")
     _database_options(p)
     adm.set_defaults(func=_cmd_admin)
 

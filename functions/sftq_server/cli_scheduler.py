@@ -173,7 +173,8 @@ def _loop(interval: float, max_ticks: int, fire: Callable[[], str]) -> int:
                 line = fire()
             except Exception as exc:  # noqa: BLE001 - the ticker outlives any one tick
                 line = f"error: {type(exc).__name__}: {exc}"
-            print(f"{_now()} {line}", flush=True)
+            if line:  # "": a tick the function has logged itself (--quiet)
+                print(f"{_now()} {line}", flush=True)
             fired += 1
             if max_ticks and fired >= max_ticks:
                 break
@@ -181,7 +182,9 @@ def _loop(interval: float, max_ticks: int, fire: Callable[[], str]) -> int:
     return EXIT_OK
 
 
-def _http_fire(client: httpx.Client, url: str, secret: str) -> Callable[[], str]:
+def _http_fire(client: httpx.Client, url: str, secret: str, quiet: bool = False
+               ) -> Callable[[], str]:
+    """POST one tick; its line. With quiet, "" for a tick that ran: the function logs it."""
     import httpx
 
     def fire() -> str:
@@ -194,7 +197,7 @@ def _http_fire(client: httpx.Client, url: str, secret: str) -> Callable[[], str]
         except ValueError:
             body = None
         if response.status_code == 200 and isinstance(body, dict):
-            return summarize(body)
+            return "" if quiet else summarize(body)
         detail = body.get("error") if isinstance(body, dict) else response.text[:200]
         return f"HTTP {response.status_code}: {detail}"
 
@@ -225,7 +228,8 @@ def _cmd_ticker(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     print(f"{_now()} ticker: POST {url} every {args.interval:g}s", flush=True)
     with httpx.Client(timeout=args.timeout) as client:
-        return _loop(args.interval, args.max_ticks, _http_fire(client, url, secret))
+        return _loop(args.interval, args.max_ticks,
+                     _http_fire(client, url, secret, quiet=args.quiet))
 
 
 def _ticker_direct(args: argparse.Namespace) -> int:
@@ -288,7 +292,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     t = sub.add_parser("ticker", help="fire scheduler ticks every N seconds (local pg_cron)",
                        description="POST to the scheduler-tick function every --interval "
                        "seconds with $SFTQ_TICK_SECRET, or run ticks in-process with --direct. "
-                       "Logs one line per tick; stops on SIGINT/SIGTERM.")
+                       "Logs one line per tick (-q: only ticks that could not run; -v: details "
+                       "too); stops on SIGINT/SIGTERM.")
     t.add_argument("--interval", type=float, default=30.0, help="seconds between ticks (30)")
     t.add_argument("--url",
                    help="scheduler-tick URL (default $SUPABASE_URL/functions/v1/scheduler-tick)")
@@ -296,8 +301,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     t.add_argument("--direct", action="store_true",
                    help="run ticks in this process against the database instead of over HTTP")
     t.add_argument("--max-ticks", type=int, default=0, help="stop after this many ticks (0: never)")
+    t.add_argument("-q", "--quiet", action="store_true",
+                   help="print only ticks that could not run (unreachable, HTTP error): the "
+                   "scheduler-tick function logs every tick itself (`sftq dev` uses this)")
     _add_db_options(t)
-    t.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    t.add_argument("-v", "--verbose", action="store_true",
+                   help="log at INFO (each HTTP request, the tick's details)")
     t.set_defaults(func=_cmd_ticker)
 
     s = sub.add_parser("simulator", help="serve the Fireworks simulator",

@@ -119,6 +119,16 @@ USER_EXISTS = "SELECT EXISTS (SELECT 1 FROM sftq.users WHERE name = %s)"
 # Whether a key (by its SHA-256) still authenticates: the dev stack reuses a stored demo key.
 KEY_IS_ACTIVE = "SELECT sftq.authenticate(%s) IS NOT NULL"
 
+# --- jobs-api: job id prefixes (ux) -------------------------------------------------
+# Authenticate + the caller's jobs whose id starts with a hex prefix (GET /jobs?id_prefix=).
+API_JOBS_BY_ID_PREFIX = "SELECT sftq.api_jobs_by_id_prefix(%s, %s, %s, %s, %s)::text"
+
+# --- admin: disabling users (ux) ---------------------------------------------------
+# Disable (true) or re-enable (false) a user; keys refused and queued jobs held while disabled.
+SET_USER_DISABLED = "SELECT sftq.set_user_disabled(%s, %s)"
+# A user's running and queued job counts and when they were disabled (NULL: enabled).
+USER_STATUS = "SELECT running_count, queued_count, disabled_at FROM sftq.users WHERE name = %s"
+
 
 def connect_kwargs() -> dict[str, Any]:
     """Connection options that work behind a transaction-mode pooler. TCP keepalives make a

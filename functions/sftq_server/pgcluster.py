@@ -2,19 +2,41 @@
 
 Uses the machine's PostgreSQL binaries when there are any, else the ones bundled in the
 pip package `pgserver`. PostgreSQL refuses to run as root, so as root the cluster runs
-as the `postgres` user (through runuser) in a folder that user owns.
+as the `postgres` user (through runuser) in a folder that user owns; binaries that user
+cannot run where they are (a virtualenv in a private home folder) are copied once to a
+cache it can read (runnable_bindir).
+
+The folder holds the data (pgdata, made 0700 by initdb), the Unix socket in a 0700 folder of
+its own, and the server log (0600). With a password the cluster is reachable over TCP only
+with it (scram-sha-256); its socket stays trust, which only the cluster's owner (and root)
+can use, since no one else may enter the socket's folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import hashlib
 import os
 import pwd
 import shutil
 import socket
+import struct
 import subprocess
 import time
 from pathlib import Path
+from typing import Literal
+
+# Where copies of server binaries live when the postgres user cannot run them in place.
+BINARY_CACHE = Path("/var/cache/sftq")
+# The binaries a cluster runs; each must be runnable by the cluster's owner.
+_SERVER_TOOLS = ("initdb", "pg_ctl", "postgres")
+# Libraries found here are the system's and stay where they are; others travel with a copy.
+_SYSTEM_LIB_DIRS = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/", "/usr/local/lib/")
+# The SSLRequest packet: any PostgreSQL answers it with one byte, before authentication.
+_SSL_REQUEST = struct.pack("!ii", 8, 80877103)
+
+State = Literal["stopped", "running", "stale", "unresponsive"]
 
 
 class ClusterError(Exception):
@@ -55,6 +77,163 @@ def _as_root() -> bool:
     return os.geteuid() == 0
 
 
+def _env() -> dict[str, str]:
+    return os.environ | {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
+
+
+# -- binaries the postgres user can run ------------------------------------------------
+def _run_error(bindir: Path, user: str) -> str | None:
+    """Why `user` cannot run the server binaries in bindir (None: it can)."""
+    for tool in _SERVER_TOOLS:
+        # --version loads the binary and its libraries: the whole path the server needs.
+        proc = subprocess.run(
+            ["runuser", "-u", user, "--", str(bindir / tool), "--version"],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            check=False,
+        )
+        if proc.returncode != 0:
+            return f"{tool}: {(proc.stderr or proc.stdout).strip() or f'exit {proc.returncode}'}"
+    return None
+
+
+def _private_libraries(bindir: Path) -> set[Path]:
+    """Shared libraries the server binaries load from outside the system's library folders
+    (pgserver's `pgserver.libs`, found through an $ORIGIN-relative RPATH): a copy of the
+    binaries must bring them along, at the same place relative to the binaries."""
+    found: set[Path] = set()
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        return found
+    for tool in _SERVER_TOOLS:
+        out = subprocess.run([ldd, str(bindir / tool)], capture_output=True, text=True, check=False)
+        for line in out.stdout.splitlines():
+            _, arrow, rest = line.partition("=>")
+            path = rest.strip().split(" (")[0] if arrow else ""
+            if path.startswith("/") and not path.startswith(_SYSTEM_LIB_DIRS):
+                found.add(Path(path).resolve())
+    return found
+
+
+def _copy_for_postgres(bindir: Path, cache: Path) -> Path:
+    """A copy of the installation around bindir under `cache`, readable by everyone; the
+    copied bindir. Keyed by content, made once (atomically: a copy in progress is never used)."""
+    prefix = bindir.resolve().parent  # bin, lib, share
+    libs = {lib.parent for lib in _private_libraries(bindir) if prefix not in lib.parents}
+    anchor = Path(os.path.commonpath([prefix, *libs]))
+    digest = hashlib.sha256()
+    for path in sorted([*(bindir / t for t in _SERVER_TOOLS), *libs]):
+        if path.is_file():
+            digest.update(path.read_bytes())
+        else:
+            for item in sorted(p for p in path.iterdir() if p.is_file()):
+                digest.update(item.name.encode() + item.read_bytes())
+    target = cache / f"postgres-{digest.hexdigest()[:16]}"
+    copied_bindir = target / bindir.resolve().relative_to(anchor)
+    if (target / ".complete").exists():
+        return copied_bindir
+    cache.mkdir(parents=True, exist_ok=True)
+    os.chmod(cache, 0o755)
+    staging = cache / f".{target.name}.{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        for source in (prefix, *sorted(libs)):
+            shutil.copytree(
+                source,
+                staging / source.relative_to(anchor),
+                symlinks=True,
+                ignore=shutil.ignore_patterns("include") if source == prefix else None,
+            )
+        for root, _dirs, files in os.walk(staging):
+            os.chmod(root, 0o755)
+            for name in files:
+                path = Path(root, name)
+                if not path.is_symlink():
+                    executable = path.stat().st_mode & 0o111
+                    os.chmod(path, 0o755 if executable else 0o644)
+        (staging / ".complete").touch()
+        try:
+            staging.rename(target)
+        except OSError:
+            # Another process made the same copy first; theirs is as good as ours.
+            if not (target / ".complete").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return copied_bindir
+
+
+def runnable_bindir(bindir: Path, user: str = "postgres", cache: Path = BINARY_CACHE) -> Path:
+    """bindir when `user` can run its server binaries, else a copy of them it can run.
+
+    Only matters as root (the server then runs as `user`): binaries inside a folder only root
+    may enter, such as a virtualenv under /root, are copied once to `cache`.
+    """
+    if not _as_root() or _run_error(bindir, user) is None:
+        return bindir
+    try:
+        copied = _copy_for_postgres(bindir, cache)
+    except OSError as exc:
+        raise ClusterError(
+            f"the {user} user cannot run the PostgreSQL binaries in {bindir}, and copying them "
+            f"to {cache} failed: {exc}"
+        ) from exc
+    error = _run_error(copied, user)
+    if error is not None:
+        raise ClusterError(
+            f"the {user} user cannot run the PostgreSQL binaries in {bindir}, nor their copy "
+            f"in {copied} ({error})"
+        )
+    return copied
+
+
+# -- processes -------------------------------------------------------------------------
+def _process_running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie that no one has reaped yet has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")
+
+
+def _signal_possible(pid: int) -> bool:
+    """What PostgreSQL itself asks of the pid in a lock file: can it be signalled (kill 0)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _shared_memory_attached(shmid: int) -> int:
+    """How many processes still have the System V segment `shmid` attached (0: none, or gone)."""
+    try:
+        lines = Path("/proc/sysvipc/shm").read_text().splitlines()
+    except OSError:
+        return 0
+    header = lines[0].split() if lines else []
+    if "shmid" not in header or "nattch" not in header:
+        return 0
+    id_col, n_col = header.index("shmid"), header.index("nattch")
+    for line in lines[1:]:
+        fields = line.split()
+        if len(fields) > max(id_col, n_col) and fields[id_col] == str(shmid):
+            return int(fields[n_col])
+    return 0
+
+
 class LocalCluster:
     def __init__(
         self,
@@ -63,13 +242,16 @@ class LocalCluster:
         *,
         bindir: Path | None = None,
         settings: dict[str, str] | None = None,
+        password: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.bindir = bindir or find_bindir()
         self.settings = settings or {}
+        self.password = password
         self.user = "postgres"
         self.socket_dir = self.data_dir / "sockets"
+        self._runnable: Path | None = None
 
     # -- running commands as the cluster's owner ------------------------------------
     def _cmd(self, *args: str) -> list[str]:
@@ -77,14 +259,23 @@ class LocalCluster:
             return ["runuser", "-u", "postgres", "--", *args]
         return list(args)
 
+    def _tool(self, name: str) -> str:
+        return str(self.runnable_bindir() / name)
+
+    def runnable_bindir(self) -> Path:
+        """The binaries as the cluster's owner runs them: bindir, or a copy (runnable_bindir)."""
+        if self._runnable is None:
+            self._runnable = runnable_bindir(self.bindir, self.user)
+        return self._runnable
+
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        env = os.environ | {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
         proc = subprocess.run(
-            self._cmd(*args), capture_output=True, text=True, env=env, check=False
+            self._cmd(*args), capture_output=True, text=True, env=_env(), check=False
         )
         if check and proc.returncode != 0:
             raise ClusterError(
-                f"{' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout.strip()}"
+                f"{' '.join(Path(a).name if i == 0 else a for i, a in enumerate(args[:2]))} "
+                f"failed: {proc.stderr.strip() or proc.stdout.strip()}"
             )
         return proc
 
@@ -98,19 +289,56 @@ class LocalCluster:
         return self.data_dir / "pgdata"
 
     @property
+    def log_path(self) -> Path:
+        return self.data_dir / "postgres.log"
+
+    @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return self.url_for("postgres")
 
     def url_for(self, dbname: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+        """A TCP URL on loopback (with the password, when the cluster has one)."""
+        auth = f"postgres:{self.password}" if self.password else "postgres"
+        return f"postgresql://{auth}@127.0.0.1:{self.port}/{dbname}"
+
+    def socket_conninfo(self, dbname: str = "postgres") -> str:
+        """A connection string through the cluster's own Unix socket (its owner and root only)."""
+        from psycopg.conninfo import make_conninfo
+
+        return make_conninfo(
+            host=str(self.socket_dir), port=str(self.port), user="postgres", dbname=dbname
+        )
 
     def initialized(self) -> bool:
         return (self.pgdata / "PG_VERSION").exists()
 
     def init(self) -> None:
+        self._prepare_folders()
+        if self.initialized():
+            return
+        auth = (
+            ["--auth-local=trust", "--auth-host=scram-sha-256"]
+            if self.password
+            else ["--auth=trust"]
+        )
+        self._run(
+            self._tool("initdb"),
+            "-D",
+            str(self.pgdata),
+            "-U",
+            "postgres",
+            *auth,
+            "--encoding=UTF8",
+            "--no-instructions",
+        )
+
+    def _prepare_folders(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.socket_dir.mkdir(exist_ok=True)
         for path in (self.data_dir, self.socket_dir):
+            # Only the owner: the socket folder is what keeps other local users off the
+            # socket's trust login, and the folder holds the server log.
+            os.chmod(path, 0o700)
             self._chown(path)
         if _as_root():
             # The postgres user must be able to reach its folder.
@@ -118,27 +346,162 @@ class LocalCluster:
                 mode = parent.stat().st_mode
                 if not mode & 0o001 and str(parent).startswith(("/tmp", "/var/tmp")):
                     os.chmod(parent, mode | 0o001)
-        if self.initialized():
-            return
-        self._run(
-            str(self.bindir / "initdb"),
-            "-D",
-            str(self.pgdata),
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "--encoding=UTF8",
-            "--no-instructions",
-        )
+        log = self.log_path
+        if not log.exists():
+            os.close(os.open(log, os.O_WRONLY | os.O_CREAT, 0o600))
+        # The log can hold statements and connection details: the owner's alone.
+        os.chmod(log, 0o600)
+        self._chown(log)
+
+    # -- is it running? --------------------------------------------------------------
+    def _pid_file(self) -> list[str]:
+        try:
+            return (self.pgdata / "postmaster.pid").read_text().splitlines()
+        except OSError:
+            return []
+
+    def postmaster_pid(self) -> int | None:
+        lines = self._pid_file()
+        try:
+            return int(lines[0])
+        except (IndexError, ValueError):
+            return None
+
+    def _is_our_postmaster(self, pid: int) -> bool:
+        # A postmaster works in its data folder; a pid reused by another program (after a
+        # reboot, say) does not. Unknowable without /proc access: then assume it is ours.
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            return True
+        return os.path.realpath(cwd) == os.path.realpath(self.pgdata)
+
+    def answers(self, timeout: float = 2.0) -> bool:
+        """A PostgreSQL answers on the cluster's socket (even one still starting up)."""
+        lines = self._pid_file()
+        try:
+            port = int(lines[3])
+            folder = lines[4].strip() or str(self.socket_dir)
+        except (IndexError, ValueError):
+            return False
+        path = os.path.join(folder, f".s.PGSQL.{port}")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            try:
+                s.connect(path)
+                s.sendall(_SSL_REQUEST)
+                return len(s.recv(1)) == 1
+            except OSError:
+                return False
+
+    def state(self) -> State:
+        """stopped: no server. running: ours, and it answers. stale: a postmaster.pid left by a
+        server that is gone (killed, or a zombie no one reaped). unresponsive: our postmaster
+        still exists but does not answer (starting, shutting down, or dying)."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return "stopped"
+        if not _process_running(pid) or not self._is_our_postmaster(pid):
+            return "stale"
+        return "running" if self.answers() else "unresponsive"
 
     def running(self) -> bool:
-        proc = self._run(str(self.bindir / "pg_ctl"), "status", "-D", str(self.pgdata), check=False)
-        return proc.returncode == 0
+        """A postmaster of ours exists (answering or not): stop() has something to stop."""
+        return self.state() in ("running", "unresponsive")
+
+    def settle(self, timeout: float = 30.0) -> Literal["stopped", "running"]:
+        """Wait until the cluster is plainly running or plainly stopped.
+
+        A server killed with SIGKILL leaves its pid file, maybe a zombie under that pid, and
+        for a moment its backends, which still hold the shared memory. Wait for those to go,
+        then clear what PostgreSQL would take for a live server (a lock file naming a pid
+        that can still be signalled), so the next start recovers instead of refusing.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.state()
+            if state == "running":
+                # Adopted: the port is the one it listens on, whatever we were told.
+                with contextlib.suppress(IndexError, ValueError):
+                    self.port = int(self._pid_file()[3])
+                return state
+            if state == "stopped":
+                return state
+            if state == "stale":
+                self._clear_stale(deadline)
+                return "stopped"
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"PostgreSQL (pid {self.postmaster_pid()}) in {self.pgdata} is not answering "
+                    f"after {timeout:g}s; stop it (kill it if need be) and try again"
+                )
+            time.sleep(0.2)
+
+    def _clear_stale(self, deadline: float) -> None:
+        lines = self._pid_file()
+        pid = self.postmaster_pid()
+        shmid = None
+        with contextlib.suppress(IndexError, ValueError):
+            shmid = int(lines[6].split()[1])
+        while shmid is not None and _shared_memory_attached(shmid) > 0:
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"processes of an earlier PostgreSQL in {self.pgdata} are still running "
+                    f"(they hold its shared memory {shmid}); stop them and try again"
+                )
+            time.sleep(0.2)
+        if pid is None or not _signal_possible(pid):
+            return  # PostgreSQL replaces a lock file whose pid is gone by itself
+        lock_files = [self.pgdata / "postmaster.pid", *self.socket_dir.glob(".s.PGSQL.*.lock")]
+        for lock in lock_files:
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int(lock.read_text().splitlines()[0]) == pid:
+                    lock.unlink()
+
+    # -- start and stop --------------------------------------------------------------
+    def _write_hba(self) -> None:
+        # Rewritten on every start, so a cluster made before passwords were used gets them.
+        hba = self.pgdata / "pg_hba.conf"
+        hba.write_text(
+            "# Written by sftq (LocalCluster) on every start.\n"
+            "# The socket's folder is 0700: only the cluster's owner (and root) reach it.\n"
+            "local all all                trust\n"
+            "host  all all 127.0.0.1/32   scram-sha-256\n"
+            "host  all all ::1/128        scram-sha-256\n",
+            encoding="utf-8",
+        )
+        os.chmod(hba, 0o600)
+        self._chown(hba)
+
+    def _set_password(self, reload: bool) -> None:
+        import psycopg
+        from psycopg import sql
+
+        assert self.password is not None
+        try:
+            with psycopg.connect(
+                self.socket_conninfo(), autocommit=True, connect_timeout=10
+            ) as conn:
+                # A SCRAM verifier computed here: the password itself never travels in a
+                # statement, so no server log can keep it.
+                verifier = conn.pgconn.encrypt_password(
+                    self.password.encode(), b"postgres", b"scram-sha-256"
+                ).decode()
+                conn.execute(
+                    sql.SQL("ALTER ROLE postgres PASSWORD {}").format(sql.Literal(verifier))
+                )
+                if reload:
+                    conn.execute("SELECT pg_reload_conf()")
+        except psycopg.Error as exc:
+            raise ClusterError(f"could not set the superuser's password: {exc}") from exc
 
     def start(self, timeout: float = 60.0) -> None:
-        if not self.initialized():
-            self.init()
-        if self.running():
+        self.init()
+        if self.password:
+            self._write_hba()
+        if self.settle() == "running":
+            if self.password:
+                self._set_password(reload=True)
             return
         opts = {
             "port": str(self.port),
@@ -147,12 +510,9 @@ class LocalCluster:
             **self.settings,
         }
         o = " ".join(f"-c {k}={v}" for k, v in opts.items())
-        log = self.data_dir / "postgres.log"
-        if not log.exists():
-            log.touch()
-            self._chown(log)
+        log = self.log_path
         self._run(
-            str(self.bindir / "pg_ctl"),
+            self._tool("pg_ctl"),
             "start",
             "-w",
             "-t",
@@ -168,14 +528,17 @@ class LocalCluster:
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
+                    break
             except OSError:
                 time.sleep(0.1)
-        raise ClusterError(f"PostgreSQL did not start; see {log}")
+        else:
+            raise ClusterError(f"PostgreSQL did not start; see {log}")
+        if self.password:
+            self._set_password(reload=False)
 
     def stop(self, mode: str = "fast") -> None:
         if self.initialized() and self.running():
-            self._run(str(self.bindir / "pg_ctl"), "stop", "-D", str(self.pgdata), "-m", mode, "-w")
+            self._run(self._tool("pg_ctl"), "stop", "-D", str(self.pgdata), "-m", mode, "-w")
 
     def restart(self) -> None:
         self.stop()

@@ -592,11 +592,23 @@ class WsgiStreams:
         if hub is not None:
             with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
                 asyncio.run_coroutine_threadsafe(hub.aclose(), loop).result(5)
+        # Streams still closing (a server thread's body.close() racing this shutdown) are
+        # cancelled and awaited here, so none is left pending when the loop stops.
+        with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+            asyncio.run_coroutine_threadsafe(_cancel_other_tasks(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join(5)
         if not loop.is_running():
             loop.close()
+
+
+async def _cancel_other_tasks() -> None:
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _WsgiBody(Iterator[bytes]):

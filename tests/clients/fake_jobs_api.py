@@ -190,6 +190,8 @@ class FakeJobsApi:
             jobs = [j for j in jobs if j["state"] == q["state"]]
         if "kind" in q:
             jobs = [j for j in jobs if j["kind"] == q["kind"]]
+        if "id_prefix" in q:
+            jobs = [j for j in jobs if j["id"].replace("-", "").startswith(q["id_prefix"])]
         limit = int(q.get("limit", "100"))
         offset = int(q.get("cursor", "0"))
         page = jobs[offset : offset + limit]

@@ -164,10 +164,10 @@ def test_submit_and_wait(
 # ---- list / get ---------------------------------------------------------------------------------
 
 
-def test_list_table(sftq: Run, api: FakeJobsApi) -> None:
+def test_list_table_wide(sftq: Run, api: FakeJobsApi) -> None:
     a = api.add_job("SUCCESS", display_name="first run", started_at="2026-05-01T10:00:05Z")
     b = api.add_job("QUEUED", kind="DPO")
-    code, out, err = sftq("list")
+    code, out, err = sftq("list", "--wide")
     assert code == 0 and err == ""
     lines = out.splitlines()
     header = ["ID", "KIND", "STATE", "GPUS", "CREATED", "STARTED", "COMPLETED", "NAME"]
@@ -242,7 +242,7 @@ def test_get(sftq: Run, api: FakeJobsApi) -> None:
 
 
 def test_get_not_found(sftq: Run) -> None:
-    code, out, err = sftq("get", "0000")
+    code, out, err = sftq("get", "0f6c1c9e-1a2b-4c3d-8e4f-0123456789ab")
     assert (code, out) == (4, "")
     assert err == "error: job not found (404 not_found)\n"
 
@@ -393,7 +393,7 @@ def test_unavailable_after_retries(sftq: Run, api: FakeJobsApi) -> None:
 
 def test_connection_error(sftq: Run, api: FakeJobsApi) -> None:
     api.script = [httpx.ConnectError("[Errno 111] Connection refused")] * 4
-    code, _, err = sftq("get", "abc")
+    code, _, err = sftq("get", "0f6c1c9e-1a2b-4c3d-8e4f-0123456789ab")
     assert code == 6 and "could not reach the jobs-api" in err and "Connection refused" in err
 
 
@@ -407,7 +407,8 @@ def test_internal_error_and_unknown_status(sftq: Run, api: FakeJobsApi) -> None:
 def test_missing_key(sftq: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SFTQ_API_KEY")
     code, _, err = sftq("list")
-    assert code == 2 and "no API key" in err and "SFTQ_API_KEY" in err
+    assert code == 2 and "API key: --api-key or SFTQ_API_KEY" in err
+    assert "API URL" not in err
 
 
 def test_missing_url(sftq: Run, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -523,7 +524,7 @@ def test_console_script_exit_code() -> None:
     proc = subprocess.run(
         [str(script), "list"], env=_clean_env(), capture_output=True, text=True, check=False
     )
-    assert proc.returncode == 2 and "no API key" in proc.stderr
+    assert proc.returncode == 2 and "API key: --api-key or SFTQ_API_KEY" in proc.stderr
 
 
 def test_python_dash_m_exit_code() -> None:
@@ -535,3 +536,90 @@ def test_python_dash_m_exit_code() -> None:
         check=False,
     )
     assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+# ---- first-hour fixes ---------------------------------------------------------------------------
+
+
+def test_list_fits_100_columns_with_short_ids(sftq: Run, api: FakeJobsApi) -> None:
+    long_name = "a rather long display name that someone pasted from a notebook " * 3
+    running = api.add_job(
+        "PROGRESS", display_name=long_name, started_at="2026-05-01T10:00:05Z", gpu_count=64
+    )
+    done = api.add_job(
+        "CANCELLED",
+        kind="RFT",
+        display_name="short",
+        started_at="2026-05-01T10:00:05Z",
+        completed_at="2026-05-01T11:02:05Z",
+    )
+    code, out, err = sftq("list")
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split() == ["ID", "KIND", "STATE", "GPUS", "CREATED", "RAN", "NAME"]
+    assert max(len(line) for line in lines) <= 100, out
+    assert lines[1].split()[0] == done["id"][:8] and "1h02m00s" in lines[1]
+    assert lines[2].split()[0] == running["id"][:8] and lines[2].endswith("...")
+    # --wide keeps everything, full ids included.
+    wide = sftq("list", "--wide")[1]
+    assert running["id"] in wide and long_name.strip() in wide
+
+
+def test_short_ids_grow_until_they_tell_jobs_apart(sftq: Run, api: FakeJobsApi) -> None:
+    api.add_job(id="0f6c1c9e-1a2b-4c3d-8e4f-0123456789ab")
+    api.add_job(id="0f6c1c9e-1a2c-4c3d-8e4f-0123456789ab")
+    api.add_job(id="12345678-1a2c-4c3d-8e4f-0123456789ab")
+    ids = [line.split()[0] for line in sftq("list")[1].splitlines()[1:]]
+    assert sorted(ids) == ["0f6c1c9e-1a2b", "0f6c1c9e-1a2c", "12345678-1a2c"]
+
+
+def test_commands_take_an_id_prefix(sftq: Run, api: FakeJobsApi) -> None:
+    job = api.add_job("QUEUED", id="0f6c1c9e-1a2b-4c3d-8e4f-0123456789ab")
+    api.add_job("SUCCESS", id="99999999-1a2b-4c3d-8e4f-0123456789ab")
+    code, out, err = sftq("get", "0f6c1c9e")
+    assert code == 0 and f"id:                  {job['id']}" in out, err
+    assert sftq("analytics", "job", "0f6c1c9e", "--json")[0] == 0
+    assert sftq("wait", "9999999", "--timeout", "1")[0] == 2  # 7 characters: too short
+    code, out, _ = sftq("wait", "99999999", "--json")
+    assert code == 0 and json.loads(out)["state"] == "SUCCESS"
+    assert sftq("cancel", "0f6c1c9e-1a")[:2] == (0, f"cancelled {job['id']}\n")
+    # Each lookup asked for a few candidates of that prefix, never the whole list.
+    lookups = [r for r in api.requests if "id_prefix" in r.url.params]
+    assert {r.url.params["limit"] for r in lookups} == {"10"}
+
+
+def test_an_ambiguous_prefix_lists_the_candidates(sftq: Run, api: FakeJobsApi) -> None:
+    a = api.add_job(id="0f6c1c9e-1a2b-4c3d-8e4f-0123456789ab", display_name="first")
+    b = api.add_job(id="0f6c1c9e-ffff-4c3d-8e4f-0123456789ab", display_name="second")
+    code, out, err = sftq("get", "0f6c1c9e")
+    assert (code, out) == (2, "")
+    assert "0f6c1c9e is the start of 2 of your jobs' ids; give more characters" in err
+    assert a["id"] in err and b["id"] in err and "first" in err and "second" in err
+    code, _, err = sftq("get", "deadbeef")
+    assert code == 4 and "no job of yours has an id starting with deadbeef" in err
+    code, _, err = sftq("cancel", "0f6c")
+    assert code == 2 and "at least its first 8 characters" in err
+
+
+def test_every_missing_setting_at_once_in_cli_words(
+    sftq: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SFTQ_API_KEY")
+    monkeypatch.delenv("SFTQ_API_URL")
+    code, out, err = sftq("list")
+    assert (code, out) == (2, "")
+    assert "API key: --api-key or SFTQ_API_KEY" in err
+    assert "API URL: --api-url or SFTQ_API_URL or SUPABASE_URL" in err
+    assert "api_key=" not in err and "base_url=" not in err
+
+
+def test_the_supabase_root_as_api_url_shows_the_expected_form(
+    sftq: Run, api: FakeJobsApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = api.add_job()
+    monkeypatch.setenv("SFTQ_API_URL", "https://sftq.test")
+    for argv in (("get", job["id"]), ("list",), ("cancel", job["id"][:8])):
+        code, out, err = sftq(*argv)
+        assert (code, out) == (2, ""), err
+        assert ".../functions/v1/jobs-api" in err and "no such job" not in err.lower()
+        assert "did you mean https://sftq.test/functions/v1/jobs-api?" in err

@@ -16,6 +16,7 @@ from fake_jobs_api import API_KEY, BASE_URL, FakeClock, FakeJobsApi, error
 
 import sftq_client
 from sftq_client import (
+    AmbiguousJobId,
     APIConnectionError,
     BadRequest,
     CancelResult,
@@ -228,7 +229,9 @@ def test_non_retryable_statuses(api: FakeJobsApi, client: Client, status: int) -
     api.script = [error(status, "nope", "some_code")]
     with pytest.raises(SftqError):
         client.get("any")
-    assert len(api.requests) == 1
+    # Not retried. (After a 404 the client asks GET /health once, to tell "no such job" from a
+    # base URL that is not the jobs-api at all.)
+    assert len([r for r in api.requests if r.url.path.endswith("/jobs/any")]) == 1
 
 
 def test_gives_up_after_max_retries_with_the_last_error(
@@ -312,7 +315,10 @@ def test_delete_is_retried(api: FakeJobsApi, client: Client) -> None:
 def test_typed_errors_per_status(
     api: FakeJobsApi, status: int, code: str, cls: type[SftqError]
 ) -> None:
-    api.script = [error(status, "server says no", code, details={"field": "x"})] * 4
+    # Four for the retried statuses; a 404 is answered once (the /health probe after it then
+    # reaches the fake's router, which has one).
+    times = 1 if status == 404 else 4
+    api.script = [error(status, "server says no", code, details={"field": "x"})] * times
     with Client(API_KEY, BASE_URL, transport=api.transport()) as c, pytest.raises(cls) as info:
         c.list_jobs()
     exc = info.value
@@ -622,3 +628,81 @@ def test_job_analytics(api: FakeJobsApi, client: Client) -> None:
 
 def test_health(client: Client) -> None:
     assert client.health() == {"status": "ok", "database": "ok"}
+
+
+# ---- first-hour fixes: case, settings, base URL, id prefixes ------------------------------------
+
+
+def test_states_and_kinds_are_case_insensitive(api: FakeJobsApi, client: Client) -> None:
+    queued = api.add_job("QUEUED", kind="DPO")
+    api.add_job("FAIL", kind="DPO")
+    page = client.list_jobs(state="queued", kind="dpo")
+    assert [j.id for j in page.items] == [queued["id"]]
+    assert dict(api.requests[-1].url.params) == {"state": "QUEUED", "kind": "DPO"}
+    assert [j.id for j in client.iter_jobs(state="Queued")] == [queued["id"]]
+    submitted = client.submit("sft", {"dataset": "d"})
+    assert submitted.kind == "SFT" and json.loads(api.requests[-1].content)["kind"] == "SFT"
+
+
+def test_every_missing_setting_is_reported_at_once() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Client()
+    message = str(info.value)
+    assert "API key: pass api_key= or SFTQ_API_KEY" in message
+    assert "API URL: pass base_url= or SFTQ_API_URL or SUPABASE_URL" in message
+    assert [m.what for m in info.value.missing] == ["API key", "API URL"]
+    assert [m.ways("cli") for m in info.value.missing][0] == "--api-key or SFTQ_API_KEY"
+
+
+@pytest.mark.parametrize(
+    ("base", "suggested"),
+    [
+        ("https://sftq.test", "https://sftq.test/functions/v1/jobs-api"),
+        ("https://sftq.test/functions/v1", "https://sftq.test/functions/v1/jobs-api"),
+        ("https://sftq.test/elsewhere", None),
+    ],
+)
+def test_a_base_url_that_is_not_the_jobs_api_is_named(
+    api: FakeJobsApi, base: str, suggested: str | None
+) -> None:
+    # A Supabase project's root answers 404 to every job route, and to /health: not "no such
+    # job" but a configuration error that shows the expected form.
+    job = api.add_job()
+    with Client(API_KEY, base, transport=api.transport()) as c:
+        for call in (lambda: c.get(job["id"]), c.list_jobs, lambda: c.resolve_job_id("0f6c1c9e")):
+            with pytest.raises(ConfigurationError) as info:
+                call()
+            message = str(info.value)
+            assert base in message and ".../functions/v1/jobs-api" in message
+            if suggested:
+                assert f"did you mean {suggested}?" in message
+    first, probe = api.requests[:2]
+    assert first.url.path.endswith(f"/jobs/{job['id']}") and probe.url.path.endswith("/health")
+
+
+def test_a_404_from_the_jobs_api_stays_not_found_and_is_checked_once(
+    api: FakeJobsApi, client: Client
+) -> None:
+    for _ in range(3):
+        with pytest.raises(NotFound):
+            client.get("0f6c1c9e-1a2b-4c3d-8e4f-0123456789ab")
+    assert [r.url.path.rsplit("/", 1)[-1] for r in api.requests].count("health") == 1
+
+
+def test_resolve_job_id(api: FakeJobsApi, client: Client) -> None:
+    job = api.add_job(id="0f6c1c9e-1a2b-4c3d-8e4f-0123456789ab")
+    api.jobs[job["id"]] = job
+    api.add_job(id="0f6c1c9e-ffff-4c3d-8e4f-0123456789ab")
+    # A full id needs no request.
+    assert client.resolve_job_id(job["id"].upper()) == job["id"].upper()
+    assert api.requests == []
+    for prefix in ("0f6c1c9e-1a", "0f6c1c9e1a2b", " 0F6C1C9E-1A2B "):
+        assert client.resolve_job_id(prefix) == job["id"]
+    assert api.requests[0].url.params["id_prefix"] == "0f6c1c9e1a"
+    with pytest.raises(AmbiguousJobId) as info:
+        client.resolve_job_id("0f6c1c9e")
+    assert len(info.value.candidates) == 2
+    with pytest.raises(NotFound, match="no job of yours has an id starting with 12345678"):
+        client.resolve_job_id("12345678")
+    with pytest.raises(ValueError, match="at least its first 8 characters"):
+        client.resolve_job_id("0f6c1c9")

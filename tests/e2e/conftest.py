@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -135,12 +136,19 @@ def wait_until(predicate: Any, timeout: float, what: str) -> None:
 class DevProcess:
     """One `sftq dev` subprocess: stdout read line by line, stderr kept in a log file."""
 
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        log_path: Path,
+        wrapper: tuple[str, ...] = (),
+    ) -> None:
         self.args = args
         self.log_path = log_path
         self._log: IO[bytes] = open(log_path, "wb")  # noqa: SIM115 (closed in close())
         self.proc = subprocess.Popen(
-            sftq_argv("dev", *args),
+            [*wrapper, *sftq_argv("dev", *args)],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -264,7 +272,9 @@ class DevStacks:
         cwd: Path | None = None,
         extra: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        wrapper: tuple[str, ...] = (),
     ) -> DevProcess:
+        """`sftq dev` on free ports; `wrapper` is an argv the command is appended to."""
         self._count += 1
         data_dir = data_dir or self.tmp_path / f"stack{self._count}"
         args = [
@@ -284,7 +294,11 @@ class DevStacks:
         if database_url:
             full_env["DATABASE_URL"] = database_url
         proc = DevProcess(
-            args, full_env, cwd or self.tmp_path, self.tmp_path / f"dev{self._count}.stderr.log"
+            args,
+            full_env,
+            cwd or self.tmp_path,
+            self.tmp_path / f"dev{self._count}.stderr.log",
+            wrapper,
         )
         self.started.append((proc, data_dir))
         return proc
@@ -292,12 +306,27 @@ class DevStacks:
     def close(self) -> None:
         for proc, data_dir in self.started:
             proc.close()
-            if (data_dir / "pg" / "pgdata").is_dir():
-                from sftq_server.pgcluster import LocalCluster
+            stop_embedded(data_dir)
 
-                cluster = LocalCluster(data_dir / "pg", port=1)
-                if cluster.running():
-                    cluster.stop("immediate")
+
+def stop_embedded(data_dir: Path) -> None:
+    """Stop a stack's embedded PostgreSQL if it still runs; as root, also remove the folder
+    outside the data dir that <data-dir>/pg links to."""
+    pg = data_dir / "pg"
+    if (pg / "pgdata").is_dir():
+        from sftq_server.pgcluster import LocalCluster
+
+        cluster = LocalCluster(pg, port=1)
+        try:
+            if cluster.running():
+                cluster.stop("immediate")
+        finally:
+            if pg.is_symlink():
+                shutil.rmtree(pg.resolve(), ignore_errors=True)
+                pg.unlink()
+    elif pg.is_symlink():
+        shutil.rmtree(pg.resolve(), ignore_errors=True)
+        pg.unlink()
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from conftest import clean_env, free_port, run_sftq
@@ -203,3 +204,104 @@ def test_unreachable_and_unmigrated_databases(pg_cluster: LocalCluster) -> None:
     finally:
         with psycopg.connect(pg_cluster.url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def test_disable_and_enable_user(env: dict[str, str], db_url: str, stacks: Any) -> None:
+    # The help says what happens to the user's jobs.
+    help_text = admin(env, "disable-user", "--help").stdout
+    flat = " ".join(help_text.split())
+    assert (
+        "401" in flat and "QUEUED jobs stay queued" in flat and "PROGRESS jobs keep running" in flat
+    )
+
+    dev = stacks.start(database_url=db_url)
+    values = dev.wait_ready()
+    base = f"{values['SUPABASE_URL']}/functions/v1"
+    http = httpx.Client(timeout=30)
+
+    def as_user(key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+    def submit(key: str) -> str:
+        r = http.post(
+            f"{base}/jobs-api/jobs",
+            headers=as_user(key),
+            json={"kind": "SFT", "fireworks_payload": {"dataset": "d"}},
+        )
+        assert r.status_code == 201, r.text
+        job_id: str = r.json()["id"]
+        return job_id
+
+    def tick() -> None:
+        r = http.post(f"{base}/scheduler-tick", headers=as_user(values["SFTQ_TICK_SECRET"]))
+        assert r.status_code == 200, r.text
+
+    def state(job_id: str) -> str:
+        with psycopg.connect(db_url) as conn:
+            row = conn.execute("SELECT state FROM sftq.jobs WHERE id = %s", (job_id,)).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    try:
+        assert admin(env, "create-user", "hana").returncode == 0
+        assert admin(env, "create-user", "ivan").returncode == 0
+        hana = admin(env, "issue-key", "hana").stdout.strip()
+        ivan = admin(env, "issue-key", "ivan").stdout.strip()
+        running, waiting = submit(hana), submit(hana)
+        tick()
+        assert (state(running), state(waiting)) == ("PROGRESS", "QUEUED")
+
+        r = admin(env, "disable-user", "hana")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("disabled hana") and "1 queued, 1 running" in r.stdout
+        assert users(env)["hana"]["disabled_at"] is not None
+        again = admin(env, "disable-user", "hana")
+        assert again.returncode == 0 and "already disabled" in again.stdout
+
+        # Every route answers 401 to the disabled user's key.
+        for method, path in (
+            ("GET", "/jobs-api/jobs"),
+            ("POST", "/jobs-api/jobs"),
+            ("GET", f"/jobs-api/jobs/{waiting}"),
+            ("DELETE", f"/jobs-api/jobs/{waiting}"),
+            ("GET", f"/jobs-api/jobs/{waiting}/analytics"),
+            ("GET", "/jobs-api/jobs/analytics/queue"),
+            ("GET", "/jobs-api/jobs/analytics/summary"),
+            ("GET", "/analytics/jobs/analytics/summary"),
+        ):
+            resp = http.request(
+                method,
+                base + path,
+                headers=as_user(hana),
+                json={"kind": "SFT", "fireworks_payload": {"dataset": "d"}},
+            )
+            assert resp.status_code == 401, (method, path, resp.text)
+
+        # The queued job waits without holding up a later job of someone else; the running
+        # one runs to its end, recorded as usual.
+        later = submit(ivan)
+        sim = f"{values['SIMULATOR_URL']}/_sim/jobs"
+        with psycopg.connect(db_url) as conn:
+            row = conn.execute(
+                "SELECT fireworks_job_name FROM sftq.jobs WHERE id = %s", (running,)
+            ).fetchone()
+        assert row is not None
+        finish = http.post(
+            f"{sim}/{row[0].split('/', 2)[2]}:finish", json={"state": "JOB_STATE_COMPLETED"}
+        )
+        assert finish.status_code == 200, finish.text
+        tick()
+        assert (state(running), state(waiting), state(later)) == ("SUCCESS", "QUEUED", "PROGRESS")
+
+        r = admin(env, "enable-user", "hana")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("enabled hana") and "1 queued, 0 running" in r.stdout
+        assert http.get(f"{base}/jobs-api/jobs", headers=as_user(hana)).status_code == 200
+        tick()
+        assert state(waiting) == "PROGRESS"
+
+        for command in ("disable-user", "enable-user"):
+            r = admin(env, command, "nobody")
+            assert (r.returncode, r.stderr.strip()) == (4, "error: user nobody not found")
+    finally:
+        http.close()

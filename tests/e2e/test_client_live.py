@@ -145,7 +145,7 @@ def test_cli_against_the_stack(live: Live, tmp_path: Path) -> None:
     listed = run_sftq("list", "--json", env=env)
     assert listed.returncode == 0 and [j["id"] for j in json.loads(listed.stdout)] == [job_id]
     table = run_sftq("list", env=env)
-    assert table.returncode == 0 and job_id in table.stdout and "QUEUED" in table.stdout
+    assert table.returncode == 0 and job_id[:8] in table.stdout and "QUEUED" in table.stdout
 
     missing = run_sftq("get", "00000000-0000-0000-0000-000000000000", env=env)
     assert missing.returncode == 4 and "not found" in missing.stderr.lower()
@@ -174,3 +174,44 @@ def test_cli_against_the_stack(live: Live, tmp_path: Path) -> None:
     assert data["recent_failures"][0]["error"] == "loss went to NaN"
     queue = run_sftq("analytics", "queue", "--json", env=env)
     assert queue.returncode == 0 and "global_queue_depth" in json.loads(queue.stdout)
+
+
+def test_short_ids_case_and_a_wrong_url_against_the_stack(live: Live) -> None:
+    env = live.env
+    with live.client() as sftq:
+        job = sftq.submit("sft", SFT_PAYLOAD)
+        assert [j.id for j in sftq.list_jobs(state="queued", kind="sft").items] == [job.id]
+        assert sftq.resolve_job_id(job.id[:8]) == job.id
+    # The short id `sftq list` shows is what the other commands take.
+    short = run_sftq("list", env=env).stdout.splitlines()[1].split()[0]
+    assert job.id.startswith(short) and len(short) >= 8
+    got = run_sftq("get", short, "--json", env=env)
+    assert got.returncode == 0 and json.loads(got.stdout)["id"] == job.id, got.stderr
+    # Another user's job is not found by its prefix either.
+    other = run_sftq("get", short, env=clean_env(SUPABASE_URL=live.values["SUPABASE_URL"],
+                                                SFTQ_API_KEY=live.other_key("oscar")))
+    assert other.returncode == 4, other.stderr
+    assert run_sftq("cancel", short, env=env).returncode == 0
+
+    # SFTQ_API_URL set to the project's root instead of the jobs-api: a usage error that
+    # shows the expected form, not "no such job".
+    wrong = clean_env(SFTQ_API_URL=live.values["SUPABASE_URL"],
+                      SFTQ_API_KEY=live.values["SFTQ_API_KEY"])
+    for argv in (("get", job.id), ("list",)):
+        r = run_sftq(*argv, env=wrong)
+        assert r.returncode == 2, (argv, r.stderr)
+        assert ".../functions/v1/jobs-api" in r.stderr, r.stderr
+        assert f"did you mean {live.values['SUPABASE_URL']}/functions/v1/jobs-api?" in r.stderr
+
+
+def test_cancelling_a_running_job_answers_cancelled_at_once(live: Live) -> None:
+    # As docs/client.md and docs/cli.md say: the provider is asked there and then; 202
+    # (pending) only when it cannot be reached.
+    with live.client() as sftq:
+        job = sftq.submit("DPO", {"dataset": "d"})
+        live.tick()
+        assert sftq.get(job.id).state == "PROGRESS"
+        result = sftq.cancel(job.id)
+        assert (result.state, result.pending) == ("CANCELLED", False)
+    cli = run_sftq("cancel", job.id, env=live.env)
+    assert cli.returncode == 5  # already CANCELLED

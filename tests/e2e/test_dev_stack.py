@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import stat
+from collections import Counter
 from pathlib import Path
 
 import httpx
+import pytest
 from conftest import (
     ENV_NAMES,
     SFT_PAYLOAD,
@@ -119,12 +122,17 @@ def test_embedded_stack_runs_stops_cleanly_and_restarts_with_its_state(
     dev = stacks.start(data_dir, port=port, simulator_port=sim_port)
     values = dev.wait_ready()
 
-    # stdout is exactly the five lines, in order, then ready.
-    assert [ln.split("=", 1)[0] for ln in dev.lines[:-1]] == list(ENV_NAMES)
+    # stdout is exactly the KEY=value lines, in order (the documented five first), then ready.
+    from sftq_server.devenv import ENV_NAMES as printed
+
+    names = [ln.split("=", 1)[0] for ln in dev.lines[:-1]]
+    assert names == list(printed) and names[: len(ENV_NAMES)] == list(ENV_NAMES)
     assert dev.lines[-1] == "ready"
     assert values["SUPABASE_URL"] == f"http://127.0.0.1:{port}"
     assert values["SIMULATOR_URL"] == f"http://127.0.0.1:{sim_port}"
-    assert values["DATABASE_URL"] == f"postgresql://postgres@127.0.0.1:{pg_port}/sftq"
+    assert re.fullmatch(
+        rf"postgresql://postgres:[0-9a-f]{{48}}@127\.0\.0\.1:{pg_port}/sftq", values["DATABASE_URL"]
+    ), values["DATABASE_URL"]
     assert values["SFTQ_API_KEY"].startswith("sftq_")
     assert len(values["SFTQ_TICK_SECRET"]) >= 32
 
@@ -209,6 +217,32 @@ def test_ticker_admits_without_a_manual_tick(
     assert not alive(ticker)
 
 
+@pytest.mark.parametrize("verbose", [False, True], ids=["default", "verbose"])
+def test_the_log_has_one_line_per_tick_and_details_with_verbose(
+    stacks: DevStacks, db_url: str, http: httpx.Client, verbose: bool
+) -> None:
+    dev = stacks.start(
+        database_url=db_url, tick_interval=0.5, extra=("--verbose",) if verbose else ()
+    )
+    values = dev.wait_ready()
+    job_id = submit(http, values)  # so that ticks call the provider: quota, create, get
+    wait_until(lambda: get_job(http, values, job_id)["state"] == "PROGRESS", 30, "admission")
+    wait_until(lambda: len(re.findall(r"tick \d+ ok:", dev.log())) >= 4, 30, "a few ticks")
+    dev.send(signal.SIGTERM)
+    assert dev.wait() == 0, dev.log()
+
+    log = dev.log()
+    per_tick = Counter(re.findall(r"\btick (\d+) \w+:", log))
+    provider_requests = re.findall(r"^HTTP Request: [A-Z]+ \S+/v1/accounts/", log, re.M)
+    if verbose:
+        # Details: the ticker's own line beside the function's, and each provider request.
+        assert min(per_tick.values()) == 2, log
+        assert provider_requests, log
+    else:
+        assert set(per_tick.values()) == {1}, log
+        assert not provider_requests and "HTTP Request:" not in log, log
+
+
 def test_a_child_that_dies_stops_everything(stacks: DevStacks, db_url: str) -> None:
     dev = stacks.start(database_url=db_url, tick_interval=30)
     dev.wait_ready()
@@ -253,6 +287,24 @@ def test_one_stack_per_data_dir(stacks: DevStacks, db_url: str, tmp_path: Path) 
     assert "in use by another `sftq dev`" in second.log()
     # The first one is untouched.
     assert httpx.get(f"{values['SUPABASE_URL']}/functions/v1/jobs-api/health").status_code == 200
+    first.send(signal.SIGTERM)
+    assert first.wait() == 0
+
+
+def test_a_second_stack_in_the_same_folder_is_told_the_folder_is_in_use(
+    stacks: DevStacks, db_url: str, tmp_path: Path
+) -> None:
+    # The same command twice (same folder, same ports): the answer is the folder's lock, not
+    # the ports the first one holds, so a person does not try --port only to hit the lock.
+    data_dir = tmp_path / "data"
+    port, sim_port = free_port(), free_port()
+    first = stacks.start(data_dir, database_url=db_url, port=port, simulator_port=sim_port)
+    first.wait_ready()
+    second = stacks.start(data_dir, database_url=db_url, port=port, simulator_port=sim_port)
+    assert second.wait(timeout=60) == 1
+    assert f"{data_dir} is in use by another `sftq dev` (pid {first.pid})" in second.log()
+    assert "already in use" not in second.log()
+    assert second.lines == []
     first.send(signal.SIGTERM)
     assert first.wait() == 0
 

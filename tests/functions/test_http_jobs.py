@@ -429,7 +429,7 @@ def test_limit_bounds(api: Api, alice: str) -> None:
 
 
 @pytest.mark.parametrize("query", [
-    "?state=queued", "?state=DONE", "?state=", "?kind=sft", "?kind=PPO", "?kind=",
+    "?state=DONE", "?state=", "?kind=PPO", "?kind=",
     "?limit=0", "?limit=1001", "?limit=-1", "?limit=abc", "?limit=", "?limit=1.5", "?limit=99999",
     "?cursor=", "?cursor=abc", "?cursor=123_xyz", "?cursor=1_" + "0" * 31,
     "?cursor=" + "9" * 18 + "_" + "0" * 32, "?status=QUEUED", "?state=QUEUED&state=FAIL",

@@ -88,13 +88,13 @@ def first(problems: list[str], needle: str) -> str:
 
 # --- the load checks -----------------------------------------------------------------------------
 
-ADMIT = ("procedures/060_admission.sql", "CREATE OR REPLACE FUNCTION sftq._admit(")
+# The admission walk (sftq._admit admits what it returns; the reasons read it too).
+ADMIT = ("procedures/060_admission.sql", "CREATE OR REPLACE FUNCTION sftq._admission_walk(")
 
 
 def test_cap_check_catches_admission_that_ignores_the_cap(
         db_url: str, make_sim: Any, make_gateway: Any, figures: dict[str, Any]) -> None:
-    load_broken(db_url, *ADMIT, "AND u.running_count < u.max_running\n"
-                "           AND u.id <> ALL (v_admitted)", "")
+    load_broken(db_url, *ADMIT, "           AND u.running_count < u.max_running\n", "")
     # A quota with room for several jobs of one user, and jobs that keep running a while.
     result = run_load(db_url, make_sim, make_gateway, LoadParams(
         **{**vars(SHORT), "quota": 64, "job_seconds": 3.0}))
@@ -105,9 +105,9 @@ def test_fifo_checks_catch_admission_out_of_order(
         db_url: str, make_sim: Any, make_gateway: Any, figures: dict[str, Any]) -> None:
     # Heads taken by job id (random) instead of by (created_at, id).
     load_broken(db_url, *ADMIT, "ORDER BY u.head_created_at, u.head_job_id\n         LIMIT 1;\n"
-                "        EXIT WHEN NOT FOUND;\n\n        SELECT * INTO v_job",
+                "        EXIT WHEN NOT FOUND;\n        SELECT j.gpu_count INTO v_gpus",
                 "ORDER BY u.head_job_id\n         LIMIT 1;\n"
-                "        EXIT WHEN NOT FOUND;\n\n        SELECT * INTO v_job")
+                "        EXIT WHEN NOT FOUND;\n        SELECT j.gpu_count INTO v_gpus")
     result = run_load(db_url, make_sim, make_gateway, SHORT)
     figures.update(expect(result, "fifo (event log) (after a tick)",
                           "fifo (in-transaction) (after a tick)",

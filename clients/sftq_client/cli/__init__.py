@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from .._client import Client
 from .._version import __version__
 from ..errors import (
+    AmbiguousJobId,
     APIConnectionError,
     BadRequest,
     ConfigurationError,
@@ -52,6 +53,7 @@ from ._common import (
     UsageError,
     add_connection_options,
     err,
+    table,
 )
 from ._server import SERVER_COMMANDS, run_server_command, server_command_argv
 from ._server import register as register_server_commands
@@ -103,7 +105,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _exit_code_for(exc: SftqError) -> int:
-    if isinstance(exc, ConfigurationError):
+    if isinstance(exc, (ConfigurationError, AmbiguousJobId)):
         return EXIT_USAGE
     if isinstance(exc, Unauthorized):
         return EXIT_UNAUTHORIZED
@@ -121,7 +123,21 @@ def _exit_code_for(exc: SftqError) -> int:
 
 
 def _report(exc: SftqError) -> None:
+    if isinstance(exc, ConfigurationError) and exc.missing:
+        # The CLI's words (options and variables), every missing setting at once.
+        err("error: missing settings:")
+        for setting in exc.missing:
+            err(f"  {setting.what}: {setting.ways('cli')}")
+        return
     err(f"error: {exc}")
+    if isinstance(exc, AmbiguousJobId):
+        err(
+            table(
+                ("ID", "KIND", "STATE", "CREATED", "NAME"),
+                [[j.id, j.kind, j.state, j.created_at, j.display_name] for j in exc.candidates],
+            )
+        )
+        return
     if exc.details is not None:
         err(f"details: {json.dumps(exc.details, default=str)}")
     if isinstance(exc, Unauthorized):

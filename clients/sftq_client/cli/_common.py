@@ -187,6 +187,16 @@ class Context:
             self._client.close()
 
 
+ID_HELP: Final = "the job's id, or its first 8 or more characters (as `sftq list` shows them)"
+
+
+def resolve_job(ctx: Context, job_id: str) -> str:
+    """The full id of one of the caller's jobs from what the user typed: a full id, or an
+    unambiguous prefix of at least 8 characters (as `sftq list` shows them). Every command that
+    takes a job ID goes through here. AmbiguousJobId lists the candidates (main() prints them)."""
+    return ctx.client.resolve_job_id(job_id)
+
+
 # ---- argument helpers ---------------------------------------------------------------------------
 
 

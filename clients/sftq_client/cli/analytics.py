@@ -7,6 +7,7 @@ import argparse
 from ..models import JobAnalytics, QueueContext, Summary
 from ._common import (
     EXIT_OK,
+    ID_HELP,
     CommandFactory,
     Context,
     add_connection_options,
@@ -17,6 +18,7 @@ from ._common import (
     one_line,
     out,
     print_json,
+    resolve_job,
     table,
 )
 
@@ -110,7 +112,7 @@ def _cmd_analytics(args: argparse.Namespace, ctx: Context) -> int:
     elif args.view == "summary":
         result = ctx.client.summary()
     else:
-        result = ctx.client.job_analytics(args.job_id)
+        result = ctx.client.job_analytics(resolve_job(ctx, args.job_id))
     if args.json:
         print_json(result)
     elif isinstance(result, QueueContext):
@@ -135,7 +137,7 @@ def register(command: CommandFactory) -> None:
     ):
         v = views.add_parser(name, help=help_text, description=help_text)
         if name == "job":
-            v.add_argument("job_id", metavar="ID")
+            v.add_argument("job_id", metavar="ID", help=ID_HELP)
         add_connection_options(v, top_level=False)
         add_json(v)
     p.set_defaults(handler=_cmd_analytics)

@@ -6,14 +6,17 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from itertools import islice
 from typing import Any, Final
 
+from .._client import MIN_ID_PREFIX
 from .._stream import StreamUnavailable, wait_streaming
 from ..models import KINDS, STATES, CancelResult, Job
 from ._common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
+    ID_HELP,
     CommandFactory,
     Context,
     UsageError,
@@ -21,11 +24,14 @@ from ._common import (
     add_wait_options,
     err,
     exit_for_job,
+    fmt_duration,
     fmt_time,
+    one_line,
     out,
     positive_int,
     print_job,
     print_json,
+    resolve_job,
     table,
     upper_choice,
 )
@@ -146,10 +152,14 @@ def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
 # What a plain `sftq list` shows: the newest jobs, with a note when more exist.
 LIST_PAGE: Final = 100
 
-_JOB_COLUMNS: Final = ("ID", "KIND", "STATE", "GPUS", "CREATED", "STARTED", "COMPLETED", "NAME")
+
+_WIDE_COLUMNS: Final = ("ID", "KIND", "STATE", "GPUS", "CREATED", "STARTED", "COMPLETED", "NAME")
+_COLUMNS: Final = ("ID", "KIND", "STATE", "GPUS", "CREATED", "RAN", "NAME")
+# `sftq list` fits a terminal this wide unless --wide.
+LIST_WIDTH: Final = 100
 
 
-def _job_row(job: Job) -> list[object]:
+def _wide_row(job: Job) -> list[object]:
     return [
         job.id,
         job.kind,
@@ -160,6 +170,46 @@ def _job_row(job: Job) -> list[object]:
         job.completed_at,
         job.display_name,
     ]
+
+
+def short_ids(jobs: list[Job]) -> dict[str, str]:
+    """Each id cut to the shortest prefix (8 characters at least) that tells these jobs apart:
+    what `get`, `cancel`, `wait` and the rest accept."""
+    n = MIN_ID_PREFIX
+    while len({j.id[:n] for j in jobs}) < len({j.id for j in jobs}):
+        n += 1
+    return {j.id: j.id[:n] for j in jobs}
+
+
+def _ran(job: Job, now: datetime) -> str:
+    """How long it has run (or ran): from admission to its end, or to now."""
+    if job.started_at is None:
+        return "-"
+    end = job.completed_at or now
+    return fmt_duration(max(0.0, (end - job.started_at).total_seconds()))
+
+
+def _narrow_table(jobs: list[Job]) -> str:
+    ids = short_ids(jobs)
+    now = datetime.now(UTC)
+    cells = [
+        [
+            ids[j.id],
+            j.kind,
+            j.state,
+            str(j.gpu_count),
+            j.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"),
+            _ran(j, now),
+        ]
+        for j in jobs
+    ]
+    # The name is last and takes what is left of the width, cut with "..." when longer.
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(_COLUMNS[:-1])]
+    room = max(LIST_WIDTH - sum(w + 2 for w in widths), len("NAME"))
+    rows: list[list[object]] = [
+        [*r, one_line(j.display_name, room)] for r, j in zip(cells, jobs, strict=True)
+    ]
+    return table(_COLUMNS, rows)
 
 
 def _cmd_list(args: argparse.Namespace, ctx: Context) -> int:
@@ -175,8 +225,10 @@ def _cmd_list(args: argparse.Namespace, ctx: Context) -> int:
         jobs, more = page.items, page.has_more
     if args.json:
         print_json(jobs)
+    elif jobs and args.wide:
+        out(table(_WIDE_COLUMNS, [_wide_row(j) for j in jobs]))
     elif jobs:
-        out(table(_JOB_COLUMNS, [_job_row(j) for j in jobs]))
+        out(_narrow_table(jobs))
     else:
         out("no jobs")
     if more:
@@ -185,12 +237,12 @@ def _cmd_list(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _cmd_get(args: argparse.Namespace, ctx: Context) -> int:
-    print_job(ctx.client.get(args.job_id), args.json)
+    print_job(ctx.client.get(resolve_job(ctx, args.job_id)), args.json)
     return EXIT_OK
 
 
 def _cmd_cancel(args: argparse.Namespace, ctx: Context) -> int:
-    result: CancelResult = ctx.client.cancel(args.job_id)
+    result: CancelResult = ctx.client.cancel(resolve_job(ctx, args.job_id))
     if args.json:
         print_json(result)
     elif result.pending:
@@ -203,7 +255,11 @@ def _cmd_cancel(args: argparse.Namespace, ctx: Context) -> int:
 
 def _cmd_wait(args: argparse.Namespace, ctx: Context) -> int:
     return _wait_and_report(
-        ctx, args.job_id, interval=args.interval, timeout=args.timeout, as_json=args.json
+        ctx,
+        resolve_job(ctx, args.job_id),
+        interval=args.interval,
+        timeout=args.timeout,
+        as_json=args.json,
     )
 
 
@@ -242,21 +298,26 @@ def register(command: CommandFactory) -> None:
         "--limit", type=positive_int, metavar="N", help="show at most N jobs (pages as needed)"
     )
     amount.add_argument("--all", action="store_true", help="show every job (follows all pages)")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help=f"full ids and timestamps (default: fits {LIST_WIDTH} columns, short ids)",
+    )
     add_json(p)
     p.set_defaults(handler=_cmd_list)
 
     p = command("get", "show one job")
-    p.add_argument("job_id", metavar="ID")
+    p.add_argument("job_id", metavar="ID", help=ID_HELP)
     add_json(p)
     p.set_defaults(handler=_cmd_get)
 
     p = command("cancel", "cancel a queued or running job")
-    p.add_argument("job_id", metavar="ID")
+    p.add_argument("job_id", metavar="ID", help=ID_HELP)
     add_json(p)
     p.set_defaults(handler=_cmd_cancel)
 
     p = command("wait", "wait until a job is SUCCESS, FAIL or CANCELLED")
-    p.add_argument("job_id", metavar="ID")
+    p.add_argument("job_id", metavar="ID", help=ID_HELP)
     add_wait_options(p)
     add_json(p)
     p.set_defaults(handler=_cmd_wait)

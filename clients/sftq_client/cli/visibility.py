@@ -7,6 +7,7 @@ import argparse
 from ..models import Capacity
 from ._common import (
     EXIT_OK,
+    ID_HELP,
     CommandFactory,
     Context,
     add_json,
@@ -15,17 +16,19 @@ from ._common import (
     one_line,
     out,
     print_json,
+    resolve_job,
     table,
 )
 
 
 def _cmd_events(args: argparse.Namespace, ctx: Context) -> int:
+    job_id = resolve_job(ctx, args.job_id)
     if args.follow:
         # Live, from the job's stream (cli.watch), until the job ends.
         from .watch import follow_events
 
-        return follow_events(ctx, args.job_id, as_json=args.json)
-    events = ctx.client.list_events(args.job_id)
+        return follow_events(ctx, job_id, as_json=args.json)
+    events = ctx.client.list_events(job_id)
     if args.json:
         print_json(events)
     elif events:
@@ -72,7 +75,7 @@ def _cmd_capacity(args: argparse.Namespace, ctx: Context) -> int:
 
 def register(command: CommandFactory) -> None:
     p = command("events", "a job's history, oldest first")
-    p.add_argument("job_id", metavar="ID")
+    p.add_argument("job_id", metavar="ID", help=ID_HELP)
     p.add_argument("--follow", action="store_true",
                    help="then keep printing its events as they happen, until it ends")
     add_json(p)
