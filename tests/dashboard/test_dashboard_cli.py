@@ -53,7 +53,7 @@ def test_url_sources_and_print_url() -> None:
     quiet = run("--print-url", SUPABASE_URL="http://127.0.0.1:8080")
     assert quiet.stderr == "" and quiet.stdout.endswith("/functions/v1/jobs-api/dashboard\n")
     missing = run()
-    assert missing.returncode == 2 and "no API URL" in missing.stderr
+    assert missing.returncode == 2 and "API URL" in missing.stderr and "--api-url" in missing.stderr
 
 
 def test_the_command_imports_no_server_code() -> None:

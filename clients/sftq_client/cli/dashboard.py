@@ -13,7 +13,8 @@ import os
 import sys
 import webbrowser
 
-from .._client import _Core
+from .._client import _API_URL_SETTING, _Core
+from ..errors import ConfigurationError
 from ._common import EXIT_OK, CommandFactory, Context, err, out
 
 
@@ -21,7 +22,12 @@ def dashboard_url(api_url: str | None) -> str:
     """``<jobs-api root>/dashboard``; DASHBOARD_URL when no API URL is given on the command line."""
     if not api_url and os.environ.get("DASHBOARD_URL"):
         return os.environ["DASHBOARD_URL"].strip()
-    return _Core._resolve_base_url(api_url) + "/dashboard"
+    # The same settings, in the same order, as every other command's client.
+    url = _Core._base_url_setting(api_url)
+    if not url or not url.strip():
+        raise ConfigurationError(
+            f"no API URL: pass {_API_URL_SETTING.ways('cli')}", missing=(_API_URL_SETTING,))
+    return _Core._check_base_url_form(url) + "/dashboard"
 
 
 def _has_browser() -> bool:
