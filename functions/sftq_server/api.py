@@ -469,6 +469,10 @@ def make_jobs_api(settings: Settings, *, db: dbmod.Database | None = None,
     from .api_webhooks import register as register_webhooks  # webhooks (docs/webhooks.md)
 
     register_webhooks(router, settings, api.db)
+    # The web dashboard: its page and files, and the read-only routes it reads.
+    from .api_dashboard import add_routes as add_dashboard_routes
+
+    add_dashboard_routes(router, settings, api.db)
     return ApiApp(router, api, name="jobs-api", mount_prefix="/functions/v1/jobs-api")
 
 

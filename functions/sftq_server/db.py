@@ -76,6 +76,19 @@ API_CAPACITY = (
     " %s)::text"
 )
 
+# --- the dashboard's routes (api_dashboard.py, sql/procedures/150_dashboard.sql) ----------
+# Authenticate + the head of the queue, anonymised (limit, tick interval, usage grace).
+API_PUBLIC_QUEUE = (
+    "SELECT sftq.api_public_queue(%s, %s, make_interval(secs => %s),"
+    " make_interval(secs => %s))::text"
+)
+# Authenticate + one of the caller's jobs' payloads, secrets redacted.
+API_JOB_PAYLOAD = "SELECT sftq.api_job_payload(%s, %s)::text"
+# Authenticate + the caller's waits and run times over `days` days, and success by kind.
+API_JOB_HISTORY = "SELECT sftq.api_job_history(%s, %s)::text"
+# Authenticate + GPUs in use over a window ('24h' or '7d').
+API_GPU_HISTORY = "SELECT sftq.api_gpu_history(%s, %s)::text"
+
 # --- scheduler ---------------------------------------------------------------------
 # Take the tick lease; NULL when another tick holds it.
 TICK_BEGIN = "SELECT sftq.tick_begin(%s, make_interval(secs => %s))"

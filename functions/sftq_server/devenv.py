@@ -36,6 +36,7 @@ ENV_LINES: tuple[tuple[str, Callable[[StackFacts], str]], ...] = (
     ("SIMULATOR_URL", lambda f: f.simulator_url),
     ("SFTQ_TICK_SECRET", lambda f: f.tick_secret),
     ("SFTQ_API_KEY", lambda f: f.api_key),
+    ("DASHBOARD_URL", lambda f: f"{f.base_url}/functions/v1/jobs-api/dashboard"),
 )
 ENV_NAMES = tuple(name for name, _ in ENV_LINES)
 
