@@ -343,12 +343,18 @@ DECLARE
     v_ahead_left bigint;
     v_note       text;
     i            integer;
+    -- No user: p_jobs are the first jobs of the whole queue, whoever they belong to.
+    v_all        boolean := p_user_id IS NULL;
 BEGIN
     IF p_jobs IS NULL OR cardinality(p_jobs) = 0 THEN
         RETURN;
     END IF;
-    SELECT usr.max_running, usr.disabled_at IS NOT NULL INTO v_cap, v_disabled
-      FROM sftq.users usr WHERE usr.id = p_user_id;
+    IF v_all THEN
+        v_cap := 1; v_disabled := false;  -- per job: admission says who may run below
+    ELSE
+        SELECT usr.max_running, usr.disabled_at IS NOT NULL INTO v_cap, v_disabled
+          FROM sftq.users usr WHERE usr.id = p_user_id;
+    END IF;
     IF v_disabled OR v_cap <= 0 OR p_budget IS NULL THEN
         RETURN QUERY
             SELECT j, NULL::timestamptz,
@@ -396,7 +402,7 @@ BEGIN
     SELECT a.*, b.*, (SELECT array_agg(wu.head ORDER BY wu.head) FROM wu
                        WHERE wu.ok AND wu.running_count < wu.max_running)
       FROM (SELECT array_agg(x.id), array_agg(x.uix), array_agg(x.gpu_count), array_agg(x.dur),
-                   array_agg(x.nxt), array_agg(x.ix) FILTER (WHERE x.user_id = p_user_id)
+                   array_agg(x.nxt), array_agg(x.ix) FILTER (WHERE v_all OR x.user_id = p_user_id)
               FROM (SELECT * FROM wx ORDER BY wx.ix) x) a,
            (SELECT array_agg(y.user_id), array_agg(y.running_count), array_agg(y.max_running),
                    array_agg(y.ok), array_agg(y.head)
@@ -407,7 +413,8 @@ BEGIN
     -- A full window may hide more jobs behind it.
     v_truncated := v_n >= p_window;
     w_start := array_fill(NULL::float8, ARRAY[GREATEST(v_n, 1)]);
-    -- The caller's jobs in the window are a prefix of p_jobs (both in FIFO order).
+    -- The caller's jobs in the window are a prefix of p_jobs (both in FIFO order); with no
+    -- user, the window's first jobs are.
     v_mine_n := 0;
     WHILE v_mine_n < COALESCE(cardinality(w_mine), 0) AND v_mine_n < cardinality(p_jobs)
           AND w_id[w_mine[v_mine_n + 1]] = p_jobs[v_mine_n + 1] LOOP
@@ -488,7 +495,7 @@ BEGIN
             v_budget := v_budget - w_g[h];
             v_steps := v_steps + 1;
             u := w_u[h];
-            IF u = v_my_u THEN
+            IF (v_all AND h <= v_mine_n) OR (NOT v_all AND u = v_my_u) THEN
                 v_mine_left := v_mine_left - 1;
             END IF;
             u_run[u] := u_run[u] + 1;
@@ -570,7 +577,13 @@ BEGIN
     FOR i IN 1 .. cardinality(p_jobs) LOOP
         job_id := p_jobs[i];
         v_ix := CASE WHEN i <= v_mine_n THEN w_mine[i] ELSE 0 END;
-        IF v_ix > 0 AND w_start[v_ix] IS NOT NULL THEN
+        IF v_all AND v_ix > 0 AND (NOT u_ok[w_u[v_ix]] OR u_cap[w_u[v_ix]] <= 0) THEN
+            -- Everyone's list: a job whose owner may not run anything, as that owner's own
+            -- forecast says it.
+            estimated_start_at := NULL;
+            basis := CASE WHEN NOT u_ok[w_u[v_ix]] THEN 'no estimate: your account is disabled'
+                          ELSE 'no estimate: your cap on running jobs is 0' END;
+        ELSIF v_ix > 0 AND w_start[v_ix] IS NOT NULL THEN
             v_est[i] := w_start[v_ix];
             estimated_start_at := p_now + v_est[i] * interval '1 second';
             basis := format('simulated strict-FIFO admission with %s job%s ahead, %s running and %s free GPUs; %s',
@@ -581,7 +594,7 @@ BEGIN
                 THEN (SELECT count(*) FROM unnest(w_start[1:v_ix - 1]) s WHERE s IS NOT NULL)
                 ELSE v_steps END;
             v_est[i] := v_t + (GREATEST(v_ahead_left, 0) + 1) / v_rate;
-            IF i > v_cap AND v_est[i - v_cap] IS NOT NULL THEN
+            IF NOT v_all AND i > v_cap AND v_est[i - v_cap] IS NOT NULL THEN
                 v_est[i] := GREATEST(v_est[i], v_est[i - v_cap] + m_d[i - v_cap]);
             END IF;
             v_est[i] := v_base + ceil((v_est[i] - v_base) / v_tick) * v_tick;
@@ -600,7 +613,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sftq.forecast(bigint, uuid[], bigint[], text[], integer[], timestamptz, integer, timestamptz, interval, float8, integer, integer) IS
-    'Estimated start of one user''s QUEUED jobs p_jobs (their FIFO order, as sftq.my_queue lists them; p_ahead = QUEUED jobs of anyone ahead of each, p_kinds/p_gpus their kind and GPUs), by simulating admission forward from p_now: the first p_window queued jobs under the rules of sftq._admission_walk (strict FIFO over the heads of users below their cap, one admission per user per walk, no backfill), a walk at each scheduler tick (on the grid through p_last_tick, every p_tick_interval) after a job ends, p_budget free GPUs to start with, running jobs ending when sftq.finish_estimate says and giving their GPUs back, queued jobs running for the median of recent similar jobs (sftq.median_run) or sftq.default_run_seconds(). It stops after p_max_steps admissions or where the window ends; jobs it did not place are extrapolated at its admission rate (and not before the user''s own earlier job ends), or get NULL with the reason in basis. p_fixed_run makes every run take that long (the baseline the estimate bench compares against). Cost is bounded by p_window and p_max_steps, not by the length of the queue. Reads only, takes no locks.';
+    'Estimated start of one user''s QUEUED jobs p_jobs (their FIFO order, as sftq.my_queue lists them; p_ahead = QUEUED jobs of anyone ahead of each, p_kinds/p_gpus their kind and GPUs), or with p_user_id NULL of the first jobs of the whole queue (p_jobs then the queue''s head in FIFO order: one simulation for everyone''s estimates, as GET /queue lists them), by simulating admission forward from p_now: the first p_window queued jobs under the rules of sftq._admission_walk (strict FIFO over the heads of users below their cap, one admission per user per walk, no backfill), a walk at each scheduler tick (on the grid through p_last_tick, every p_tick_interval) after a job ends, p_budget free GPUs to start with, running jobs ending when sftq.finish_estimate says and giving their GPUs back, queued jobs running for the median of recent similar jobs (sftq.median_run) or sftq.default_run_seconds(). It stops after p_max_steps admissions or where the window ends; jobs it did not place are extrapolated at its admission rate (and not before the user''s own earlier job ends), or get NULL with the reason in basis. p_fixed_run makes every run take that long (the baseline the estimate bench compares against). Cost is bounded by p_window and p_max_steps, not by the length of the queue. Reads only, takes no locks.';
 
 -- ---------------------------------------------------------------------------------------
 -- One user's queued jobs as they see them: position, why each waits, when it should start.

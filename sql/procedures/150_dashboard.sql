@@ -78,25 +78,44 @@ AS $$
                h.gpu_count, h.own_ahead, u.disabled_at IS NOT NULL, u.running_count, u.max_running,
                w.fits, w.budget_before, b.gpu_count, b.budget_before,
                (b.created_at, b.job_id) < (h.created_at, h.id), st.stalled) r
-    ), groups AS MATERIALIZED (
-        -- Each user's listed jobs are the start of that user's queue, as sftq.forecast wants
-        -- them; p_ahead is every queued job ahead (position - 1), as sftq.queue_view passes.
-        SELECT h.user_id,
+    ), lists AS MATERIALIZED (
+        -- The caller's listed jobs are the start of their queue, as sftq.forecast wants them
+        -- for one user; all listed jobs are the head of the whole queue, as it wants them for
+        -- everyone (user NULL). p_ahead is every queued job ahead (position - 1), as
+        -- sftq.queue_view passes.
+        SELECT h.user_id = p_user_id AS mine,
                array_agg(h.id ORDER BY h.position) AS jobs,
                array_agg(h.position - 1 ORDER BY h.position) AS ahead,
                array_agg(h.kind ORDER BY h.position) AS kinds,
                array_agg(h.gpu_count ORDER BY h.position) AS gpus
           FROM head h
-         GROUP BY h.user_id
-    ), fc AS MATERIALIZED (
+         GROUP BY GROUPING SETS ((h.user_id = p_user_id), ())
+    ), fc_mine AS MATERIALIZED (
+        -- The caller's own jobs: the estimates GET /jobs/analytics/queue gives them.
         SELECT f.*
           FROM st
-         CROSS JOIN groups g
-         CROSS JOIN LATERAL sftq.forecast(g.user_id, g.jobs, g.ahead, g.kinds, g.gpus, p_now,
+          JOIN lists l ON l.mine
+         CROSS JOIN LATERAL sftq.forecast(p_user_id, l.jobs, l.ahead, l.kinds, l.gpus, p_now,
                                           st.free_gpus, st.last_tick_at, p_tick_interval, NULL,
-                                          CASE WHEN g.user_id = p_user_id THEN 1000 ELSE p_limit + 50 END,
-                                          CASE WHEN g.user_id = p_user_id THEN 500 ELSE 2 * p_limit + 100 END) f
+                                          1000, 500) f
          WHERE st.stalled IS NULL
+    ), fc_all AS MATERIALIZED (
+        -- Everyone else's: one simulation for the whole list.
+        SELECT f.*
+          FROM st
+          JOIN lists l ON l.mine IS NULL
+         CROSS JOIN LATERAL sftq.forecast(NULL, l.jobs, l.ahead, l.kinds, l.gpus, p_now,
+                                          st.free_gpus, st.last_tick_at, p_tick_interval, NULL,
+                                          p_limit + 50, 2 * p_limit + 100) f
+         WHERE st.stalled IS NULL
+    ), fc AS (
+        SELECT r.id AS job_id,
+               CASE WHEN r.user_id = p_user_id THEN m.estimated_start_at ELSE a.estimated_start_at END
+                   AS estimated_start_at,
+               CASE WHEN r.user_id = p_user_id THEN m.basis ELSE a.basis END AS basis
+          FROM head r
+          LEFT JOIN fc_mine m ON m.job_id = r.id
+          LEFT JOIN fc_all a ON a.job_id = r.id
     ), mine AS (
         SELECT COALESCE(u.queued_count, 0) AS queued FROM sftq.users u WHERE u.id = p_user_id
     )
@@ -133,7 +152,7 @@ AS $$
               LEFT JOIN fc ON fc.job_id = r.id), '[]'::json))
 $$;
 COMMENT ON FUNCTION sftq.public_queue(bigint, integer, timestamptz, interval, interval) IS
-    'GET /queue: the first p_limit QUEUED jobs in FIFO order, anonymised: position (1 = first in line), kind, gpu_count, created_at, the waiting reason (sftq.waiting_reason over sftq._admission_walk with the budget of sftq.scheduler_status, exactly as sftq.queue_view) and the estimated start (sftq.forecast, once per user with jobs on the list: the caller''s own jobs get the estimates GET /jobs/analytics/queue gives). Only the caller''s own jobs carry id and display_name; other users'' jobs carry neither, nor a user name, nor a payload, and their created_at is truncated to the second. Cost: one index range of p_limit entries of jobs_queued_idx, one admission walk, and one bounded forecast per distinct user on the list (p_limit is at most 100). Reads only, takes no locks.';
+    'GET /queue: the first p_limit QUEUED jobs in FIFO order, anonymised: position (1 = first in line), kind, gpu_count, created_at, the waiting reason (sftq.waiting_reason over sftq._admission_walk with the budget of sftq.scheduler_status, exactly as sftq.queue_view) and the estimated start (sftq.forecast: once for the caller''s own jobs, which get the estimates GET /jobs/analytics/queue gives, and once for the whole list). Only the caller''s own jobs carry id and display_name; other users'' jobs carry neither, nor a user name, nor a payload, and their created_at is truncated to the second. Cost: one index range of p_limit entries of jobs_queued_idx, one admission walk, and two bounded forecasts (p_limit is at most 100), however many users are on the list. Reads only, takes no locks.';
 
 CREATE OR REPLACE FUNCTION sftq.api_public_queue(
     p_key_hash       bytea,

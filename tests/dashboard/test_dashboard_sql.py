@@ -260,3 +260,36 @@ def test_gpu_history_samples_ticks(q: Q) -> None:
     assert all(p["quota_limit"] is None for p in points[:-4])
     week = q.one("SELECT sftq.gpu_history(interval '7 days', interval '1 hour', %s)", now)
     assert len(week["points"]) == 168 and week["points"][-1]["quota_limit"] == 16
+
+
+def test_a_mixed_queue_gets_each_owners_estimates_from_one_simulation(q: Q) -> None:
+    """20 users, 3 jobs each, interleaved, 4 running: the list's estimates come from one
+    simulation for everyone (plus one for the caller) and still agree with what each owner
+    sees in their own view."""
+    users = [q.user(f"mix-{i}") for i in range(20)]
+    running = [q.enqueue(users[i], gpus=4, at=t(i)) for i in range(4)]
+    assert sorted(q.admit(16, at=t(30))) == sorted(running)
+    for job in running:
+        q.submitted(job, at=t(30))
+    for k in range(3):
+        for i, user in enumerate(users):
+            q.enqueue(user, gpus=(2, 4, 8)[(i + k) % 3], at=t(40 + k * 20 + i))
+    q.tick(t(100))
+    now = t(110)
+    body = queue(q, users[7], now, limit=60)
+    assert len(body["items"]) == 60
+    views = {}
+    for user in users:
+        views |= {str(job): v for job, v in own_view(q, user, now).items()}
+    mine = {str(j) for j in own_view(q, users[7], now)}
+    placed = 0
+    for item in body["items"]:
+        # Other users' ids are hidden: find the job by its position among the queued jobs.
+        job = q.one("SELECT id FROM sftq.jobs WHERE state = 'QUEUED' "
+                    "ORDER BY created_at, id OFFSET %s LIMIT 1", item["position"] - 1)
+        theirs = views[str(job)]
+        assert item["mine"] == (str(job) in mine)
+        if theirs["estimated_start_at"] is not None and "simulated" in theirs["estimate_basis"]:
+            assert item["estimated_start_at"] == iso(theirs["estimated_start_at"]), item
+            placed += 1
+    assert placed >= 20
