@@ -196,17 +196,11 @@ def _process_running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return signal_possible(pid)
     return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")
 
 
-def _signal_possible(pid: int) -> bool:
+def signal_possible(pid: int) -> bool:
     """What PostgreSQL itself asks of the pid in a lock file: can it be signalled (kill 0)?"""
     try:
         os.kill(pid, 0)
@@ -450,7 +444,7 @@ class LocalCluster:
                     f"(they hold its shared memory {shmid}); stop them and try again"
                 )
             time.sleep(0.2)
-        if pid is None or not _signal_possible(pid):
+        if pid is None or not signal_possible(pid):
             return  # PostgreSQL replaces a lock file whose pid is gone by itself
         lock_files = [self.pgdata / "postmaster.pid", *self.socket_dir.glob(".s.PGSQL.*.lock")]
         for lock in lock_files:

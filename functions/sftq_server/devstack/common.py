@@ -3,12 +3,13 @@ a start, exit codes, and small network helpers."""
 
 from __future__ import annotations
 
-import os
 import socket
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..pgcluster import signal_possible
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -74,11 +75,5 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+# Whether a pid can be signalled (kill 0): the test PostgreSQL makes of a lock file's pid.
+pid_alive = signal_possible
