@@ -72,6 +72,8 @@ class Row:
     goal: str = ""
     ok: bool | None = None
     note: str = ""
+    # False for an HTTP figure measured without wrk: printed as n/c, neither ok nor MISSED.
+    comparable: bool = True
 
 
 @dataclass

@@ -20,7 +20,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import loadgen  # noqa: E402
 from common import BENCH, Bench, background_cores, machine_info, write_json  # noqa: E402
+
+# Sections whose HTTP figures need wrk to be comparable with the direct (in-process) ones.
+HTTP_SECTIONS = ("enqueue", "footprint", "profile")
+NOT_COMPARABLE = ("HTTP ratios are not comparable in this run: wrk is not installed (or "
+                  "SFTQ_BENCH_LOADGEN=python), so the Python load generator took CPU from the "
+                  "server it measured. Install wrk (apt-get install wrk; `make bench` does it "
+                  "as root) and run again.")
 
 # Above this much CPU used by other processes, the run says its figures are disturbed.
 QUIET_CORES = 0.25
@@ -48,10 +56,22 @@ def print_table(b: Bench) -> str:
             shown = f"{r.value:.1f}"
         else:
             shown = f"{r.value:.3f}" if abs(r.value) < 1 else f"{r.value:.2f}"
-        flag = "" if r.ok is None else ("ok" if r.ok else "MISSED")
+        verdict = "" if r.ok is None else ("ok" if r.ok else "MISSED")
+        flag = verdict if r.comparable else "n/c"
         lines.append(f"{r.section:<10} {r.name[:58]:<58} {shown:>12} {r.unit:<7} {r.goal:<8} "
                      f"{flag:<6} {r.note}")
     return "\n".join(lines)
+
+
+def mark_not_comparable(b: Bench) -> None:
+    """Without wrk, every HTTP row with a goal is printed as n/c instead of ok or MISSED."""
+    for r in b.rows:
+        # "same, by CPU per job" rows restate the HTTP ratio above them.
+        http = "HTTP" in r.name or r.name.startswith("same, by CPU")
+        if r.section in HTTP_SECTIONS and r.ok is not None and http:
+            r.comparable = False
+    if NOT_COMPARABLE not in b.notes:
+        b.notes.insert(0, NOT_COMPARABLE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         if busy > QUIET_CORES:
             b.notes.append(f"other processes kept {busy:.2f} of the machine's cores busy when "
                            "the run started: absolute figures are low, ratios less affected")
+        if not loadgen.have_wrk() and any(s in chosen for s in HTTP_SECTIONS):
+            print(f"note: {NOT_COMPARABLE}", flush=True)
         print("starting a private PostgreSQL on loopback ...", flush=True)
         b.start_cluster()
         b.data["machine"] = machine_info() | {"postgres": b.server_version()}
@@ -120,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         b.stop_cluster()
 
     total = time.monotonic() - started
+    if not loadgen.have_wrk():
+        mark_not_comparable(b)
     table = print_table(b)
     print("\n" + table)
     for note in b.notes:
