@@ -26,9 +26,9 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from . import db as dbmod
 from .api import authenticate, job_id_param
@@ -37,6 +37,7 @@ from .stream_paths import parse_stream_path
 from .web import Headers, Request, Response, StartResponse, error_response, status_line
 
 logger = logging.getLogger("sftq.stream")
+T = TypeVar("T")
 access_log = logging.getLogger("sftq.access")
 
 Position = tuple[int, int]
@@ -597,23 +598,51 @@ class WsgiStreams:
         if hub is not None:
             with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
                 asyncio.run_coroutine_threadsafe(hub.aclose(), loop).result(5)
-        # Streams still closing (a server thread's body.close() racing this shutdown) are
-        # cancelled and awaited here, so none is left pending when the loop stops.
-        with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
-            asyncio.run_coroutine_threadsafe(_cancel_other_tasks(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join(5)
-        if not loop.is_running():
-            loop.close()
+        if loop.is_running():
+            return  # a stuck callback: leave the daemon thread its loop rather than break it
+        # As asyncio.run ends: a server thread's body.close() may race this shutdown and start
+        # a task at any moment up to here, so cancel and await tasks until none is left (a task
+        # that never ran would otherwise leave its coroutine un-awaited), then close the loop,
+        # which drops any callback still queued before it made its coroutine.
+        _cancel_tasks(loop)
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        _cancel_tasks(loop)
+        loop.close()
 
 
-async def _cancel_other_tasks() -> None:
-    current = asyncio.current_task()
-    tasks = [t for t in asyncio.all_tasks() if t is not current]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+def _cancel_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    while tasks := [t for t in asyncio.all_tasks(loop) if not t.done()]:
+        for task in tasks:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop,
+             make: Callable[[], Coroutine[Any, Any, T]]) -> concurrent.futures.Future[T]:
+    """Run make() as a task of loop, from another thread. Unlike run_coroutine_threadsafe, the
+    coroutine is made inside the loop: if the loop stops before it gets to the callback, no
+    coroutine exists to be left un-awaited (a warning, an error under pytest). A loop already
+    closed raises RuntimeError."""
+    result: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def start() -> None:
+        task = loop.create_task(make())
+
+        def done(t: asyncio.Task[T]) -> None:
+            if t.cancelled():
+                result.cancel()
+            elif (exc := t.exception()) is not None:
+                result.set_exception(exc)
+            else:
+                result.set_result(t.result())
+
+        task.add_done_callback(done)
+
+    loop.call_soon_threadsafe(start)
+    return result
 
 
 class _WsgiBody(Iterator[bytes]):
@@ -637,11 +666,13 @@ class _WsgiBody(Iterator[bytes]):
         async def step() -> bytes:
             return await self._chunks.__anext__()
 
-        future: concurrent.futures.Future[bytes] = asyncio.run_coroutine_threadsafe(
-            step(), self._loop)
+        try:
+            future = _in_loop(self._loop, step)
+        except RuntimeError:  # the gateway closed its loop: it is shutting down
+            raise StopIteration from None
         try:
             return future.result()
-        except StopAsyncIteration:
+        except (StopAsyncIteration, concurrent.futures.CancelledError):
             raise StopIteration from None
 
     def close(self) -> None:
@@ -654,23 +685,12 @@ class _WsgiBody(Iterator[bytes]):
             stream.close()
             await self._chunks.aclose()
 
-        # The coroutine is made inside the loop, by a callback: if the loop stops (the gateway
-        # shutting down) before it runs the callback, no coroutine exists to be left
-        # un-awaited; a task it did start is cancelled and awaited by WsgiStreams.close.
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def start() -> None:
-            task = self._loop.create_task(finish())
-            task.add_done_callback(lambda _t: done.set_result(None))
-
+        # A task that starts but does not finish before the gateway stops its loop is
+        # cancelled and awaited by WsgiStreams.close.
         if self._loop.is_running():
-            try:
-                self._loop.call_soon_threadsafe(start)
-            except RuntimeError:
-                pass  # the loop closed meanwhile: nothing is left to close
-            else:
-                with contextlib.suppress(concurrent.futures.TimeoutError):
-                    done.result(5)
+            with contextlib.suppress(concurrent.futures.TimeoutError,
+                                     concurrent.futures.CancelledError, RuntimeError):
+                _in_loop(self._loop, finish).result(5)
         _log(self._request, self._opened.route, 200, self._started, stream.frames_sent)
 
 
