@@ -18,7 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> int:
     basetemp = tempfile.mkdtemp(prefix="sftq-pytest-", dir="/tmp")
     cmd = [sys.executable, "-m", "pytest", f"--basetemp={basetemp}", *sys.argv[1:]]
-    env = os.environ | {"PYTHONPATH": str(ROOT / "functions")}
+    # Both source folders first, ahead of the editable install's finder: a git worktree that
+    # shares the checkout's .venv then tests its own code, not the checkout's.
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT / "functions"),
+                                                       str(ROOT / "clients")])}
     code = subprocess.call(cmd, cwd=ROOT, env=env)
     if code == 5:
         print("error: no tests were collected", file=sys.stderr)
