@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from . import db as dbmod
 from .api_retry import retry_job
 from .errors import BadRequest, NotFound, SftqError, Unauthorized, Unavailable, UnsupportedMediaType
+from .group_commit import GroupCommit
 from .models import (
     DEFAULT_PAGE_SIZE,
     KINDS,
@@ -255,6 +256,8 @@ class JobsApi:
         self._provider: JobStopper | None = None
         self._provider_lock = threading.Lock()
         self._openapi: bytes | None = None
+        self.group_commit = GroupCommit(db, default_queue_timeout=settings.queue_timeout_seconds,
+                                        max_batch=settings.group_commit_max)
 
     # POST /jobs
     def submit(self, request: Request) -> Response:
@@ -262,10 +265,10 @@ class JobsApi:
         check_json_content_type(request)
         idem = idempotency_key(request)
         req, payload = parse_submit(request.read_body(self.max_body))
-        params = (key_hash, req.kind, payload, req.display_name, req.gpu_count, idem,
-                  req.queue_timeout_seconds, self.settings.queue_timeout_seconds)
-        body, replayed, job_id = _body(self.db.fetchone(dbmod.API_SUBMIT, params))
-        request.job_id = job_id = str(job_id)
+        body, replayed, job_id = self.group_commit.submit(
+            (key_hash, req.kind, payload, req.display_name, req.gpu_count, idem,
+             req.queue_timeout_seconds))
+        request.job_id = job_id
         headers = [*JSON_HEADERS, ("Location", f"{request.script_name}/jobs/{job_id}")]
         if replayed:
             headers.append(("Idempotent-Replayed", "true"))

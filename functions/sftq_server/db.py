@@ -159,6 +159,12 @@ API_SUBMIT = (
     "SELECT body::text, replayed, job_id "
     "FROM sftq.api_submit(%s, %s, %s::jsonb, %s, %s, %s, %s, %s)"
 )
+# Authenticate + enqueue several requests in one transaction (group commit); a row each.
+API_SUBMIT_MANY = (
+    "SELECT ord, body, replayed, job_id, err_state, err_message, err_detail "
+    "FROM sftq.api_submit_many(%s::bytea[], %s::text[], %s::jsonb[], %s::text[], %s::int[], "
+    "%s::text[], %s::int[], %s::int)"
+)
 # Authenticate + retry one of the caller's FAIL or CANCELLED jobs as a new job.
 API_RETRY_JOB = "SELECT body::text, replayed, job_id FROM sftq.api_retry_job(%s, %s, %s, %s)"
 

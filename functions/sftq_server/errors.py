@@ -87,11 +87,17 @@ def from_db_error(exc: Exception) -> SftqError | None:
     sqlstate = getattr(exc, "sqlstate", None)
     if sqlstate not in _SQLSTATE or diag is None:
         return None
-    cls, code = _SQLSTATE[sqlstate]
+    return from_sqlstate(sqlstate, diag.message_primary, diag.message_detail)
+
+
+def from_sqlstate(sqlstate: str, message: str | None, detail_text: str | None) -> SftqError:
+    """A procedure's coded error given as values (a batch answers each request's error as a
+    row instead of raising it), typed exactly as the raised one would be."""
+    cls, code = _SQLSTATE.get(sqlstate, (SftqError, "internal"))
     detail: Any = None
-    if diag.message_detail:
+    if detail_text:
         try:
-            detail = json.loads(diag.message_detail)
+            detail = json.loads(detail_text)
         except ValueError:
-            detail = diag.message_detail
-    return cls(diag.message_primary or code, code=code, detail=detail)
+            detail = detail_text
+    return cls(message or code, code=code, detail=detail)

@@ -82,6 +82,9 @@ class Settings:
     tick_interval_seconds: float = 30.0
     # GET /capacity names every user with work; false folds the others into one row.
     capacity_show_users: bool = True
+    # Group commit: at most this many POST /jobs requests that one process received together
+    # share one transaction (1: every request alone).
+    group_commit_max: int = 64
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -108,6 +111,7 @@ class Settings:
             webhooks_allow_private=_bool("SFTQ_WEBHOOKS_ALLOW_PRIVATE"),
             tick_interval_seconds=_float("SFTQ_TICK_INTERVAL_SECONDS", 30.0),
             capacity_show_users=_bool("SFTQ_CAPACITY_SHOW_USERS", True),
+            group_commit_max=_int("SFTQ_GROUP_COMMIT_MAX", 64),
         )
 
 

@@ -113,6 +113,39 @@ $$;
 COMMENT ON FUNCTION sftq.authenticate(bytea, timestamptz) IS
     'The user behind an active key of an enabled user, or NULL. Updates last_used_at at most once a minute (row lock on that key only), and never in a read-only transaction (a replica).';
 
+CREATE OR REPLACE FUNCTION sftq.authenticate_many(p_key_hashes bytea[], p_now timestamptz DEFAULT now())
+RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_users  bigint[];
+    v_stale  bigint[];
+BEGIN
+    -- sftq.authenticate for a batch (group commit): the same rules, one lookup for all keys,
+    -- the answer in the order given (NULL where a key is not an active key of an enabled user).
+    SELECT array_agg(k.user_id ORDER BY t.ord),
+           array_agg(k.id) FILTER (WHERE k.last_used_at IS NULL
+                                      OR k.last_used_at < p_now - interval '1 minute')
+      INTO v_users, v_stale
+      FROM unnest(p_key_hashes) WITH ORDINALITY AS t(h, ord)
+      LEFT JOIN LATERAL (
+            SELECT k.id, k.user_id, k.last_used_at
+              FROM sftq.api_keys k JOIN sftq.users u ON u.id = k.user_id
+             WHERE k.key_hash = t.h AND k.revoked_at IS NULL AND u.disabled_at IS NULL) k ON true;
+    -- The touch is best effort: a key another transaction is touching right now is skipped,
+    -- so a batch never waits on (or deadlocks over) key rows.
+    IF v_stale IS NOT NULL AND NOT current_setting('transaction_read_only')::boolean THEN
+        UPDATE sftq.api_keys k SET last_used_at = p_now
+         WHERE k.id IN (SELECT l.id FROM sftq.api_keys l WHERE l.id = ANY (v_stale)
+                         FOR NO KEY UPDATE SKIP LOCKED);
+    END IF;
+    RETURN v_users;
+END
+$$;
+COMMENT ON FUNCTION sftq.authenticate_many(bytea[], timestamptz) IS
+    'sftq.authenticate for several keys at once: the user behind each, in the order given (NULL for a missing, unknown or revoked key, or a disabled user), with last_used_at touched as authenticate does (at most once a minute, never in a read-only transaction). Locking contract: the rows of the keys it touches, with SKIP LOCKED: it never waits for a key row.';
+
 CREATE OR REPLACE FUNCTION sftq._auth(p_key_hash bytea)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE

@@ -1,7 +1,209 @@
--- Enqueue.
+-- Enqueue: sftq.enqueue_many does the work for any number of jobs in one transaction (the
+-- group commit of POST /jobs); sftq.enqueue is the same for one job, raising its error.
 
 -- The signature grew a queue timeout and retry_of (issue 10): drop the old one.
 DROP FUNCTION IF EXISTS sftq.enqueue(bigint, text, jsonb, text, integer, text, timestamptz);
+
+CREATE OR REPLACE FUNCTION sftq.enqueue_many(
+    p_user_ids               bigint[],
+    p_kinds                  text[],
+    p_payloads               jsonb[],
+    p_display_names          text[],
+    p_gpu_counts             integer[],
+    p_idempotency_keys       text[],
+    p_queue_timeouts         integer[],
+    p_retry_of               uuid[] DEFAULT NULL,
+    p_default_queue_timeout  integer DEFAULT NULL,
+    p_now                    timestamptz DEFAULT NULL)
+RETURNS TABLE (ord integer, id uuid, kind text, state text, created_at timestamptz,
+               replayed boolean, err_state text, err_message text, err_detail text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+-- Its statements take arrays whose length the planner cannot know: with custom plans it
+-- plans them again at every call (most of a small batch's cost); one generic plan fits all.
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    n          integer := COALESCE(cardinality(p_user_ids), 0);
+    v_retry    uuid[] := COALESCE(p_retry_of, array_fill(NULL::uuid, ARRAY[n]));
+    v_base     timestamptz;
+    -- Per request, in the order given: the job (new or replayed), its created_at, and its
+    -- error; v_isnew: the request made a new job; v_hash: its Idempotency-Key's body hash.
+    v_ids      uuid[];
+    v_created  timestamptz[];
+    v_err      text[];
+    v_msg      text[];
+    v_detail   text[];
+    v_isnew    boolean[];
+    v_hash     bytea[];
+    v_ev_ids   uuid[];
+    v_ev_at    timestamptz[];
+    v_ev_by    text[];
+    v_ev_det   jsonb[];
+    v_old_id   uuid;
+    v_old_at   timestamptz;
+    v_differs  boolean;
+    i          integer;
+BEGIN
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    -- The shared gate first: admit (exclusive) then sees every enqueue that got a
+    -- created_at before it decided, so no earlier job can appear behind its back.
+    PERFORM sftq._gate();
+    -- clock_timestamp(), not now(): taken after the gate, so FIFO order follows the moment of
+    -- enqueue rather than the start of a long transaction. Requests of one batch are a
+    -- microsecond apart, in the order given: each keeps its own place.
+    v_base := COALESCE(p_now, clock_timestamp());
+
+    -- One statement does the work for every request (the per-statement cost of each table,
+    -- its constraints and indexes, is paid once): each request checked on its own (a bad
+    -- one gets its error and the others go on); the owners' rows locked in id order (two
+    -- batches never wait on each other in a cycle; a user disabled meanwhile is refused);
+    -- the jobs inserted (an Idempotency-Key used before inserts nothing: answered below);
+    -- the owners' counters and heads kept (admission reads them instead of the queue).
+    WITH items AS (
+        SELECT t.o::int AS o, t.uid, t.kind, t.payload, t.name, COALESCE(t.gpus, 4) AS gpus,
+               t.idem, t.timeout AS asked_timeout,
+               COALESCE(t.timeout, p_default_queue_timeout) AS timeout, t.retry_of,
+               CASE WHEN t.uid IS NULL THEN 'missing, unknown or revoked API key'
+                    WHEN t.kind IS NULL OR t.kind NOT IN ('SFT', 'DPO', 'RFT')
+                        THEN 'kind must be one of SFT, DPO, RFT'
+                    WHEN t.payload IS NULL THEN 'fireworks_payload is required'
+                    WHEN jsonb_typeof(t.payload) <> 'object'
+                        THEN 'fireworks_payload must be a JSON object'
+                    WHEN COALESCE(t.gpus, 4) NOT BETWEEN 1 AND 64
+                        THEN 'gpu_count must be an integer from 1 to 64'
+                    WHEN char_length(t.name) > 256
+                        THEN 'display_name must be at most 256 characters'
+                    WHEN COALESCE(t.timeout, p_default_queue_timeout) NOT BETWEEN 1 AND 2592000
+                        THEN 'queue_timeout_seconds must be an integer from 1 to 2592000 (30 days)'
+               END AS bad
+          FROM unnest(p_user_ids, p_kinds, p_payloads, p_display_names, p_gpu_counts,
+                      p_idempotency_keys, p_queue_timeouts, v_retry)
+               WITH ORDINALITY AS t(uid, kind, payload, name, gpus, idem, timeout, retry_of, o)
+    ), owners AS (
+        SELECT u.id, u.name FROM sftq.users u
+         WHERE u.id IN (SELECT i.uid FROM items i WHERE i.bad IS NULL) AND u.disabled_at IS NULL
+         ORDER BY u.id
+           FOR NO KEY UPDATE
+    ), ok AS (
+        SELECT i.o, i.uid, i.kind, i.payload, i.name, i.gpus, i.idem, i.timeout, i.retry_of,
+               gen_random_uuid() AS id,
+               v_base + (row_number() OVER (ORDER BY i.o) - 1) * interval '1 microsecond' AS created,
+               -- What the caller asked for: the operator's default timeout is not part of it,
+               -- and a request without the newer fields hashes as it did before they existed.
+               CASE WHEN i.idem IS NOT NULL THEN sha256(convert_to(
+                   CASE WHEN i.asked_timeout IS NULL AND i.retry_of IS NULL
+                        THEN jsonb_build_array(i.kind, i.payload, i.name, i.gpus)
+                        ELSE jsonb_build_array(i.kind, i.payload, i.name, i.gpus,
+                                 jsonb_build_object('queue_timeout_seconds', i.asked_timeout,
+                                                    'retry_of', i.retry_of)) END::text, 'UTF8'))
+               END AS hash
+          FROM items i JOIN owners w ON w.id = i.uid
+         WHERE i.bad IS NULL
+    ), ins AS (
+        INSERT INTO sftq.jobs AS j (id, user_id, kind, display_name, gpu_count, fireworks_payload,
+                                    created_at, idempotency_key, request_hash,
+                                    queue_timeout_seconds, queue_expires_at, retry_of)
+        SELECT ok.id, ok.uid, ok.kind, ok.name, ok.gpus, ok.payload, ok.created, ok.idem, ok.hash,
+               ok.timeout, ok.created + make_interval(secs => ok.timeout), ok.retry_of
+          FROM ok ORDER BY ok.o
+        ON CONFLICT (user_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING j.id, j.user_id, j.kind, j.created_at
+    ), upd AS (
+        UPDATE sftq.users u
+           SET queued_count = u.queued_count + a.jobs,
+               sft_count = u.sft_count + a.sft,
+               dpo_count = u.dpo_count + a.dpo,
+               rft_count = u.rft_count + a.rft,
+               head_job_id = CASE WHEN u.head_job_id IS NULL
+                                       OR (u.head_created_at, u.head_job_id) > (a.first_at, a.first_id)
+                                  THEN a.first_id ELSE u.head_job_id END,
+               head_created_at = CASE WHEN u.head_job_id IS NULL
+                                           OR (u.head_created_at, u.head_job_id) > (a.first_at, a.first_id)
+                                      THEN a.first_at ELSE u.head_created_at END
+          FROM (SELECT ins.user_id, count(*)::int AS jobs,
+                       count(*) FILTER (WHERE ins.kind = 'SFT')::int AS sft,
+                       count(*) FILTER (WHERE ins.kind = 'DPO')::int AS dpo,
+                       count(*) FILTER (WHERE ins.kind = 'RFT')::int AS rft,
+                       min(ins.created_at) AS first_at,
+                       (array_agg(ins.id ORDER BY ins.created_at, ins.id))[1] AS first_id
+                  FROM ins GROUP BY ins.user_id) a
+         WHERE u.id = a.user_id
+    )
+    -- Every array in request order: the aggregates read one sorted input (an aggregate fed
+    -- by a sorted subquery keeps its order) rather than sorting once each. New jobs'
+    -- created_at follow request order too, so the events come out in FIFO order.
+    SELECT array_agg(r.id), array_agg(r.created), array_agg(r.err), array_agg(r.msg),
+           array_agg(r.isnew), array_agg(r.hash),
+           array_agg(r.id) FILTER (WHERE r.isnew), array_agg(r.created) FILTER (WHERE r.isnew),
+           array_agg('user:' || r.owner) FILTER (WHERE r.isnew),
+           array_agg(CASE WHEN r.retry_of IS NOT NULL THEN jsonb_build_object('retry_of', r.retry_of) END)
+               FILTER (WHERE r.isnew)
+      INTO v_ids, v_created, v_err, v_msg, v_isnew, v_hash, v_ev_ids, v_ev_at, v_ev_by, v_ev_det
+      FROM (SELECT ok.id, ok.created, ok.hash, i.retry_of, w.name AS owner,
+                   ins.id IS NOT NULL AS isnew,
+                   CASE WHEN i.bad IS NULL AND ok.o IS NULL THEN 'SQ401'
+                        WHEN i.bad IS NOT NULL THEN CASE WHEN i.uid IS NULL THEN 'SQ401' ELSE 'SQ400' END
+                   END AS err,
+                   CASE WHEN i.bad IS NULL AND ok.o IS NULL THEN 'user not found or disabled'
+                        ELSE i.bad END AS msg
+              FROM items i
+              LEFT JOIN ok ON ok.o = i.o
+              LEFT JOIN ins ON ins.id = ok.id
+              LEFT JOIN owners w ON w.id = i.uid
+             ORDER BY i.o) r;
+
+    -- Each new job's first event (queued; detail.retry_of for a retry).
+    IF v_ev_ids IS NOT NULL THEN
+        PERFORM sftq._event_many(v_ev_ids, v_ev_at, v_ev_by, 'queued', 'QUEUED', v_ev_det);
+    END IF;
+
+    -- Replays: the same key with the same body answers the first job; another body, SQ419.
+    -- A new statement, so it sees a job a concurrent transaction committed with the same key.
+    v_detail := array_fill(NULL::text, ARRAY[n]);
+    FOR i IN 1 .. n LOOP
+        IF v_ids[i] IS NOT NULL AND NOT v_isnew[i] THEN
+            SELECT j.id, j.created_at, j.request_hash IS DISTINCT FROM v_hash[i]
+              INTO v_old_id, v_old_at, v_differs
+              FROM sftq.jobs j
+             WHERE j.user_id = p_user_ids[i] AND j.idempotency_key = p_idempotency_keys[i];
+            IF NOT FOUND THEN  -- the conflicting job vanished: jobs are never deleted
+                RAISE EXCEPTION 'Idempotency-Key % conflicted with no job', p_idempotency_keys[i];
+            END IF;
+            IF v_differs THEN
+                v_err[i] := 'SQ419';
+                v_msg[i] := 'this Idempotency-Key was already used with a different request body';
+                v_detail[i] := json_build_object('job_id', v_old_id)::text;
+                v_ids[i] := NULL;
+                v_created[i] := NULL;
+            ELSE
+                v_ids[i] := v_old_id;
+                v_created[i] := v_old_at;
+            END IF;
+        END IF;
+    END LOOP;
+
+    FOR i IN 1 .. n LOOP
+        ord := i;
+        id := v_ids[i];
+        kind := CASE WHEN v_ids[i] IS NOT NULL THEN p_kinds[i] END;
+        state := CASE WHEN v_isnew[i] THEN 'QUEUED' END;
+        IF v_ids[i] IS NOT NULL AND NOT v_isnew[i] THEN  -- a replay: the job as it is now
+            SELECT j.state INTO state FROM sftq.jobs j WHERE j.id = v_ids[i];
+        END IF;
+        created_at := CASE WHEN v_ids[i] IS NOT NULL THEN v_created[i] END;
+        replayed := v_ids[i] IS NOT NULL AND NOT v_isnew[i];
+        err_state := v_err[i];
+        err_message := v_msg[i];
+        err_detail := v_detail[i];
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION sftq.enqueue_many(bigint[], text[], jsonb[], text[], integer[], text[], integer[], uuid[], integer, timestamptz) IS
+    'Adds QUEUED jobs, one per element of the arrays (p_user_ids[i] NULL: an unauthenticated request), in one transaction: one row per request in the order given, with the new job (or, for an Idempotency-Key used before with the same body, the first job and replayed = true) or the error that request alone gets (err_state SQ400, SQ401 or SQ419, err_message, err_detail as JSON text), as sftq.enqueue would raise it. Requests are a microsecond apart in FIFO order, in the order given. p_queue_timeouts (or else p_default_queue_timeout) sets how long each may stay QUEUED; p_retry_of names the job each retries. Writes each new job''s first event (queued, with detail.retry_of for a retry). Locking contract: admission gate (shared); then the owners'' user rows in id order (FOR NO KEY UPDATE, held for the counters and heads); then the new job rows.';
 
 CREATE OR REPLACE FUNCTION sftq.enqueue(
     p_user_id                bigint,
@@ -19,96 +221,24 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_id       uuid := gen_random_uuid();
-    v_created  timestamptz;
-    v_hash     bytea;
-    v_old      sftq.jobs;
-    v_gpus     integer := COALESCE(p_gpu_count, 4);
-    v_name     text;
-    v_timeout  integer := COALESCE(p_queue_timeout_seconds, p_default_queue_timeout);
+    v_row  record;
 BEGIN
-    IF p_kind IS NULL OR p_kind NOT IN ('SFT', 'DPO', 'RFT') THEN
-        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'kind must be one of SFT, DPO, RFT';
-    END IF;
-    IF p_payload IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'fireworks_payload is required';
-    END IF;
-    IF jsonb_typeof(p_payload) <> 'object' THEN
-        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'fireworks_payload must be a JSON object';
-    END IF;
-    IF v_gpus < 1 OR v_gpus > 64 THEN
-        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'gpu_count must be an integer from 1 to 64';
-    END IF;
-    IF char_length(p_display_name) > 256 THEN
-        RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'display_name must be at most 256 characters';
-    END IF;
-    IF v_timeout IS NOT NULL AND (v_timeout < 1 OR v_timeout > 2592000) THEN
-        RAISE EXCEPTION USING ERRCODE = 'SQ400',
-            MESSAGE = 'queue_timeout_seconds must be an integer from 1 to 2592000 (30 days)';
-    END IF;
-
-    -- Shared gate first: admit (exclusive) then sees every enqueue that got a
-    -- created_at before it decided, so no earlier job can appear behind its back.
-    PERFORM sftq._gate();
-
-    IF p_idempotency_key IS NOT NULL THEN
-        -- What the caller asked for: the operator's default timeout is not part of it, and a
-        -- request without the newer fields hashes exactly as it did before they existed.
-        v_hash := sha256(convert_to(
-            CASE WHEN p_queue_timeout_seconds IS NULL AND p_retry_of IS NULL
-                 THEN jsonb_build_array(p_kind, p_payload, p_display_name, v_gpus)
-                 ELSE jsonb_build_array(p_kind, p_payload, p_display_name, v_gpus,
-                          jsonb_build_object('queue_timeout_seconds', p_queue_timeout_seconds,
-                                             'retry_of', p_retry_of)) END::text, 'UTF8'));
-    END IF;
-
-    -- clock_timestamp(), not now(): taken after the gate, so FIFO order follows the
-    -- moment of enqueue rather than the start of a long transaction.
-    v_created := COALESCE(p_now, clock_timestamp());
-    INSERT INTO sftq.jobs AS j (id, user_id, kind, display_name, gpu_count, fireworks_payload,
-                                created_at, idempotency_key, request_hash,
-                                queue_timeout_seconds, queue_expires_at, retry_of)
-    VALUES (v_id, p_user_id, p_kind, p_display_name, v_gpus, p_payload,
-            v_created, p_idempotency_key, v_hash,
-            v_timeout, v_created + make_interval(secs => v_timeout), p_retry_of)
-    ON CONFLICT (user_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
-
-    IF NOT FOUND THEN
-        -- The same key was used before (or concurrently, now committed).
-        SELECT * INTO v_old FROM sftq.jobs j
-         WHERE j.user_id = p_user_id AND j.idempotency_key = p_idempotency_key;
-        IF v_old.request_hash IS DISTINCT FROM v_hash THEN
-            RAISE EXCEPTION USING ERRCODE = 'SQ419',
-                MESSAGE = 'this Idempotency-Key was already used with a different request body',
-                DETAIL = json_build_object('job_id', v_old.id)::text;
-        END IF;
-        RETURN QUERY SELECT v_old.id, v_old.kind, v_old.state, v_old.created_at, true;
-        RETURN;
-    END IF;
-
-    UPDATE sftq.users u
-       SET queued_count = u.queued_count + 1,
-           sft_count = u.sft_count + (p_kind = 'SFT')::int,
-           dpo_count = u.dpo_count + (p_kind = 'DPO')::int,
-           rft_count = u.rft_count + (p_kind = 'RFT')::int,
-           head_job_id = CASE WHEN u.head_job_id IS NULL OR (u.head_created_at, u.head_job_id) > (v_created, v_id)
-                              THEN v_id ELSE u.head_job_id END,
-           head_created_at = CASE WHEN u.head_job_id IS NULL OR (u.head_created_at, u.head_job_id) > (v_created, v_id)
-                                  THEN v_created ELSE u.head_created_at END
-     WHERE u.id = p_user_id AND u.disabled_at IS NULL
-    RETURNING u.name INTO v_name;
-    IF NOT FOUND THEN
+    IF p_user_id IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'SQ401', MESSAGE = 'user not found or disabled';
     END IF;
-    IF p_retry_of IS NULL THEN
-        PERFORM sftq._event(v_id, v_created, 'user:' || v_name, 'queued', 'QUEUED');
-    ELSE
-        PERFORM sftq._event(v_id, v_created, 'user:' || v_name, 'queued', 'QUEUED',
-                            jsonb_build_object('retry_of', p_retry_of));
+    SELECT * INTO v_row
+      FROM sftq.enqueue_many(ARRAY[p_user_id], ARRAY[p_kind], ARRAY[p_payload],
+                             ARRAY[p_display_name], ARRAY[p_gpu_count], ARRAY[p_idempotency_key],
+                             ARRAY[p_queue_timeout_seconds], ARRAY[p_retry_of],
+                             p_default_queue_timeout, p_now) e;
+    IF v_row.err_detail IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = v_row.err_state, MESSAGE = v_row.err_message,
+                              DETAIL = v_row.err_detail;
+    ELSIF v_row.err_state IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = v_row.err_state, MESSAGE = v_row.err_message;
     END IF;
-
-    RETURN QUERY SELECT v_id, p_kind, 'QUEUED'::text, v_created, false;
+    RETURN QUERY SELECT v_row.id, v_row.kind, v_row.state, v_row.created_at, v_row.replayed;
 END
 $$;
 COMMENT ON FUNCTION sftq.enqueue(bigint, text, jsonb, text, integer, text, timestamptz, integer, uuid, integer) IS
-    'Adds a QUEUED job. With an idempotency key, the same key and body returns the first job (replayed = true); a different body raises SQ419. p_queue_timeout_seconds (or else the operator''s p_default_queue_timeout) sets how long it may stay QUEUED before a tick cancels it; p_retry_of names the job it retries. Writes the job''s first event (queued, with detail.retry_of for a retry). Locking contract: admission gate (shared), the new job row, then the owner''s user row (to keep queued_count and the head).';
+    'Adds a QUEUED job (sftq.enqueue_many for one). With an idempotency key, the same key and body returns the first job (replayed = true); a different body raises SQ419. p_queue_timeout_seconds (or else the operator''s p_default_queue_timeout) sets how long it may stay QUEUED before a tick cancels it; p_retry_of names the job it retries. Writes the job''s first event (queued, with detail.retry_of for a retry). Locking contract: admission gate (shared), the owner''s user row, then the new job row.';

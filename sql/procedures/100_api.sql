@@ -27,6 +27,37 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION sftq.api_submit_many(
+    p_key_hashes             bytea[],
+    p_kinds                  text[],
+    p_payloads               jsonb[],
+    p_display_names          text[],
+    p_gpu_counts             integer[],
+    p_idempotency_keys       text[],
+    p_queue_timeouts         integer[],
+    p_default_queue_timeout  integer)
+RETURNS TABLE (ord integer, body text, replayed boolean, job_id uuid,
+               err_state text, err_message text, err_detail text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- POST /jobs for the requests one server process received together (group commit): one
+    -- round trip and one transaction, each request with its own answer, key and FIFO place.
+    -- PL/pgSQL rather than SQL, so that its plan is kept for the session.
+    RETURN QUERY
+        SELECT e.ord,
+               CASE WHEN e.err_state IS NULL THEN
+                   json_build_object('id', e.id, 'kind', e.kind, 'state', e.state,
+                                     'created_at', to_char(e.created_at AT TIME ZONE 'UTC',
+                                                           'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))::text END,
+               e.replayed, e.id, e.err_state, e.err_message, e.err_detail
+          FROM sftq.enqueue_many(sftq.authenticate_many(p_key_hashes), p_kinds, p_payloads,
+                                 p_display_names, p_gpu_counts, p_idempotency_keys,
+                                 p_queue_timeouts, NULL, p_default_queue_timeout) e;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION sftq.api_list_jobs(
     p_key_hash  bytea,
     p_state     text,
@@ -168,6 +199,7 @@ AS $$
 $$;
 
 COMMENT ON FUNCTION sftq.api_enqueue(bytea, text, jsonb, text, integer, text) IS 'POST /jobs. Authenticates, then sftq.enqueue; answers the 201 body and whether it was an idempotent replay.';
+COMMENT ON FUNCTION sftq.api_submit_many(bytea[], text[], jsonb[], text[], integer[], text[], integer[], integer) IS 'POST /jobs for several requests at once (group commit): sftq.authenticate_many, then sftq.enqueue_many; one row per request in the order given, with the 201 body and whether it replayed an Idempotency-Key, or the error that request gets (err_state: SQ400, SQ401, SQ419). Locking contract: as sftq.enqueue_many, after the key rows authenticate_many touches (never waited for).';
 COMMENT ON FUNCTION sftq.api_list_jobs(bytea, text, text, integer, text) IS 'GET /jobs. Authenticates, then one keyset page of sftq.list_jobs and the next cursor (NULL on the last page).';
 COMMENT ON FUNCTION sftq.api_get_job(bytea, uuid) IS 'GET /jobs/:id. SQ404 when not the caller''s.';
 COMMENT ON FUNCTION sftq.api_cancel_job(bytea, uuid) IS 'DELETE /jobs/:id, first half: sftq.cancel plus the job as it now is.';

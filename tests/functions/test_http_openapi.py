@@ -213,6 +213,8 @@ class FailingDb:
     def fetchone(self, *args: Any) -> Any:
         raise self.exc
 
+    fetchall = fetchone  # POST /jobs goes through the group commit's fetchall
+
     def close(self) -> None:
         pass
 

@@ -1,0 +1,229 @@
+"""Group commit of POST /jobs (sftq_server.group_commit): requests that arrive together share
+one transaction, and each keeps its own answer, its own Idempotency-Key and its own place in
+the FIFO order."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from fn_support import SFT_PAYLOAD, Api, Db
+from werkzeug.test import Client
+
+from sftq_server.api import make_jobs_api
+from sftq_server.db import Database
+from sftq_server.errors import Conflict, SftqError, Unauthorized
+from sftq_server.group_commit import GroupCommit, Params, _Request
+from sftq_server.settings import Settings
+from sftq_server.web import wsgi_app
+
+PAYLOAD = json.dumps(SFT_PAYLOAD, separators=(",", ":"))
+
+
+def params(key: str, name: str = "n", *, kind: str = "SFT", payload: str = PAYLOAD,
+           idem: str | None = None) -> Params:
+    return (hashlib.sha256(key.encode()).digest(), kind, payload, name, 4, idem, None)
+
+
+class HeldDatabase(Database):
+    """The first call waits until released: the requests that arrive meanwhile queue up."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, max_size=4, timeout=5.0)
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.calls: list[int] = []
+
+    def fetchall(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self.calls.append(len(params[0]))
+        if len(self.calls) == 1:
+            self.entered.set()
+            assert self.release.wait(10)
+        return super().fetchall(query, params)
+
+
+def run_together(gc: GroupCommit, db: HeldDatabase, first: Params,
+                 rest: list[Params]) -> tuple[list[Any], list[Any]]:
+    """`first` leads a batch held in the database while `rest` arrive one after another;
+    answers (or errors) in the same order."""
+    answers: list[Any] = [None] * (1 + len(rest))
+
+    def go(i: int, p: Params) -> None:
+        try:
+            answers[i] = gc.submit(p)
+        except SftqError as exc:
+            answers[i] = exc
+
+    threads = [threading.Thread(target=go, args=(0, first))]
+    threads[0].start()
+    assert db.entered.wait(10)
+    for i, p in enumerate(rest, start=1):
+        t = threading.Thread(target=go, args=(i, p))
+        t.start()
+        threads.append(t)
+        # Arrival order is the FIFO order asked for: wait until this one is queued.
+        deadline = time.monotonic() + 10
+        while len(gc._waiting) < i and time.monotonic() < deadline:
+            time.sleep(0.001)
+    db.release.set()
+    for t in threads:
+        t.join(20)
+    return answers[:1], answers[1:]
+
+
+def test_requests_that_arrive_together_share_one_transaction(db_url: str, db: Db) -> None:
+    keys = [db.user(f"u{i}") for i in range(6)]
+    held = HeldDatabase(db_url)
+    gc = GroupCommit(held)
+    try:
+        first, rest = run_together(gc, held, params(keys[0], "first"),
+                                   [params(k, f"j{i}") for i, k in enumerate(keys * 2)])
+    finally:
+        held.close()
+    assert held.calls == [1, 12] and (gc.batches, gc.requests) == (2, 13)
+    ids = [a[2] for a in rest]
+    assert all(not a[1] for a in [*first, *rest]) and len(set(ids)) == 12
+    rows = db.conn.execute(
+        "SELECT id::text, display_name, xmin::text FROM sftq.jobs WHERE id = ANY (%s::uuid[]) "
+        "ORDER BY created_at, id", (ids,)).fetchall()
+    # One transaction, and FIFO in arrival order.
+    assert len({r[2] for r in rows}) == 1
+    assert [r[1] for r in rows] == [f"j{i}" for i in range(12)]
+    # Each body is what that request alone would get.
+    for body, _, job_id in rest:
+        doc = json.loads(body)
+        assert doc["id"] == job_id and doc["state"] == "QUEUED" and doc["kind"] == "SFT"
+    # The owners' bookkeeping is what twelve lone enqueues would leave.
+    bad = db.conn.execute(
+        "SELECT u.name FROM sftq.users u WHERE u.queued_count <> "
+        "(SELECT count(*) FROM sftq.jobs j WHERE j.user_id = u.id AND j.state = 'QUEUED') "
+        "OR u.head_job_id IS DISTINCT FROM (SELECT j.id FROM sftq.jobs j WHERE j.user_id = u.id "
+        "AND j.state = 'QUEUED' ORDER BY j.created_at, j.id LIMIT 1)").fetchall()
+    assert bad == []
+    events = db.conn.execute(
+        "SELECT count(*) FROM sftq.job_events WHERE job_id = ANY (%s::uuid[]) AND event = 'queued'",
+        (ids,)).fetchone()
+    assert events == (12,)
+
+
+def test_each_request_of_a_batch_gets_its_own_answer(db_url: str, db: Db) -> None:
+    alice, bob, carol = db.user("alice"), db.user("bob"), db.user("carol")
+    revoked = db.user("dave")
+    db.conn.execute("SELECT sftq.revoke_key(%s)", (revoked,))
+    db.conn.execute("SELECT sftq.set_user_disabled('carol', true)")
+    held = HeldDatabase(db_url)
+    gc = GroupCommit(held)
+    try:
+        first, rest = run_together(gc, held, params(alice, "lead"), [
+            params(bob, "b1", idem="k1"),
+            params("sftq_" + "x" * 43, "unknown key"),
+            params(bob, "b1", idem="k1"),                      # the same request again
+            params(bob, "b2", idem="k1"),                      # the same key, another body
+            params(revoked, "revoked"),
+            params(carol, "disabled"),
+            params(alice, "fine"),
+        ])
+    finally:
+        held.close()
+    ok, unknown, replay, conflict, revoked_ans, disabled, fine = rest
+    assert not ok[1] and replay == (ok[0], True, ok[2])
+    assert isinstance(unknown, Unauthorized) and unknown.code == "unauthorized"
+    assert isinstance(revoked_ans, Unauthorized) and isinstance(disabled, Unauthorized)
+    assert isinstance(conflict, Conflict) and conflict.code == "idempotency_conflict"
+    assert conflict.detail == {"job_id": ok[2]}
+    assert isinstance(fine, tuple) and not fine[1]
+    assert db.one("SELECT count(*) FROM sftq.jobs j JOIN sftq.users u ON u.id = j.user_id "
+                  "WHERE u.name = 'bob'") == 1
+
+
+def test_a_batch_answers_as_lone_requests_do(db_url: str, db: Db, api: Api) -> None:
+    """Through HTTP: the status, code and message of each answer are those of the same
+    request sent alone (the error envelope is shared)."""
+    alice = db.user("alice")
+    lone = api.submit(alice, headers={"Idempotency-Key": "same"})
+    assert lone.status_code == 201
+    again = api.submit(alice, headers={"Idempotency-Key": "same"}, display_name="other")
+    assert again.status_code == 409
+    held = HeldDatabase(db_url)
+    gc = GroupCommit(held)
+    try:
+        _, rest = run_together(gc, held, params(alice, "lead"), [
+            (hashlib.sha256(alice.encode()).digest(), "SFT", PAYLOAD, "other", 4, "same", None)])
+    finally:
+        held.close()
+    (err,) = rest
+    assert isinstance(err, Conflict)
+    assert (err.status, err.code, err.message, err.detail) == (
+        409, again.json["code"], again.json["error"], again.json.get("details"))
+
+
+class FailingBatches(Database):
+    def __init__(self, url: str) -> None:
+        super().__init__(url, max_size=4, timeout=5.0)
+        self.sizes: list[int] = []
+
+    def fetchall(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self.sizes.append(len(params[0]))
+        if len(params[0]) > 1:
+            raise SftqError("a surprise")
+        return super().fetchall(query, params)
+
+
+def test_a_batch_that_fails_is_retried_request_by_request(db_url: str, db: Db) -> None:
+    keys = [db.user(f"u{i}") for i in range(4)]
+    failing = FailingBatches(db_url)
+    gc = GroupCommit(failing)
+    items = [_Request(params(k)) for k in keys]
+    try:
+        gc._run(items)
+    finally:
+        failing.close()
+    assert failing.sizes == [4, 1, 1, 1, 1]
+    assert all(r.error is None and r.answer is not None for r in items)
+
+
+def test_concurrent_posts_through_http_are_all_kept(settings: Settings, db: Db) -> None:
+    keys = [db.user(f"u{i}") for i in range(8)]
+    database = Database(settings.database_url, max_size=4, timeout=5.0)
+    app = make_jobs_api(settings, db=database)
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def producer(key: str) -> None:
+        client = Api(Client(wsgi_app(app)))
+        for i in range(15):
+            r = client.submit(key, display_name=f"{key[:10]}-{i}")
+            with lock:
+                statuses.append(r.status_code)
+
+    threads = [threading.Thread(target=producer, args=(k,)) for k in keys * 2]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        app.close()
+    assert statuses == [201] * 240
+    assert db.one("SELECT count(*) FROM sftq.jobs") == 240
+    assert db.one("SELECT count(*) FROM sftq.job_events WHERE event = 'queued'") == 240
+    assert db.one(
+        "SELECT count(*) FROM sftq.users u WHERE u.queued_count <> "
+        "(SELECT count(*) FROM sftq.jobs j WHERE j.user_id = u.id AND j.state = 'QUEUED')") == 0
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_group_commit_max_bounds_a_batch(db_url: str, db: Db, size: int) -> None:
+    keys = [db.user(f"u{i}") for i in range(7)]
+    held = HeldDatabase(db_url)
+    gc = GroupCommit(held, max_batch=size)
+    try:
+        run_together(gc, held, params(keys[0]), [params(k) for k in keys[1:]])
+    finally:
+        held.close()
+    assert max(held.calls) <= size and sum(held.calls) == 7
