@@ -4,9 +4,6 @@
 --
 -- 1. Every SECURITY DEFINER function of sftq is owned by sftq_definer (NOLOGIN, owns nothing
 --    else), which gets the table rights those functions use: DML on the tables, never DDL.
---    No exceptions: the one definer function that must run as another role, the webhook
---    poke (it needs pg_net and Vault, which only the pg_cron jobs' owner keeps), lives in the
---    cron wiring's schema sftq_cron (cron/schedule_webhooks.sql), which nothing here touches.
 -- 2. Row-level security is on for every table of sftq. The owner (the migrating role) is not
 --    subject to it, and the analyst views run as their owner. Policies exist only for the
 --    roles that read tables as themselves: sftq_definer (inside the api_* functions) and any
