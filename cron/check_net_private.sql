@@ -6,10 +6,16 @@
 --
 -- The owners: the roles that own the pg_cron jobs sftq-scheduler-tick and
 -- sftq-webhooks-deliver (pg_cron runs a job as its owner), and the owner of the webhook poke
--- (sftq._webhook_poke, SECURITY DEFINER); with none of them, the role running this check.
+-- (sftq_cron._webhook_poke, SECURITY DEFINER); with none of them, the role running this check.
 -- Who must not reach net: PUBLIC, anon, authenticated, and every other login role except
 -- superusers and Supabase's own service roles (supabase_*), whether the right was granted
--- to it or comes through a role it belongs to.
+-- to it or comes through a role it belongs to. The same roles must not be able to use the
+-- poke's schema or the poke itself (with both, a role could hang the poke on a table of its
+-- own and have the database send requests).
+--
+-- It also fails on a poke an older schedule_webhooks.sql left in schema sftq: every migrate
+-- hands the SECURITY DEFINER functions of sftq to sftq_definer, which has no pg_net and no
+-- Vault, so that poke no longer sends anything.
 
 DO $$
 DECLARE
@@ -27,8 +33,14 @@ BEGIN
           USING ARRAY['sftq-scheduler-tick', 'sftq-scheduler-tick-offset', 'sftq-webhooks-deliver'];
     END IF;
     IF to_regprocedure('sftq._webhook_poke()') IS NOT NULL THEN
+        RAISE EXCEPTION 'sftq._webhook_poke() is left from an older cron/schedule_webhooks.sql, and it is owned by %: every migrate hands the SECURITY DEFINER functions of schema sftq to sftq_definer, which can reach neither pg_net nor Vault, so this poke sends nothing (webhooks wait for the 5-second cron job)',
+                        (SELECT proowner::regrole FROM pg_proc
+                          WHERE oid = to_regprocedure('sftq._webhook_poke()'))
+            USING HINT = 'Run cron/schedule_webhooks.sql again as the jobs'' owner (infra/deploy.sh cron does): it moves the poke to schema sftq_cron, which migrations never touch.';
+    END IF;
+    IF to_regprocedure('sftq_cron._webhook_poke()') IS NOT NULL THEN
         SELECT r.rolname INTO v_owner FROM pg_proc p JOIN pg_roles r ON r.oid = p.proowner
-         WHERE p.oid = to_regprocedure('sftq._webhook_poke()');
+         WHERE p.oid = to_regprocedure('sftq_cron._webhook_poke()');
         IF v_owner <> ALL (v_owners) THEN
             v_owners := array_append(v_owners, v_owner);
         END IF;
@@ -46,6 +58,12 @@ BEGIN
     ), fn AS (
         SELECT p.oid, p.oid::regprocedure::text AS name, p.proacl FROM pg_proc p
          WHERE p.pronamespace = 'net'::regnamespace
+        UNION ALL
+        SELECT p.oid, p.oid::regprocedure::text, p.proacl FROM pg_proc p
+         WHERE p.oid = to_regprocedure('sftq_cron._webhook_poke()')
+    ), nsp AS (
+        SELECT n.oid, n.nspname::text AS name, n.nspacl FROM pg_namespace n
+         WHERE n.nspname = 'sftq_cron'
     )
     SELECT array_agg(line ORDER BY line) INTO v_open FROM (
         SELECT format('PUBLIC has %s on %s', a.privilege_type, rel.name) AS line
@@ -60,6 +78,12 @@ BEGIN
         UNION ALL
         SELECT format('%s can execute %s', probe.who, fn.name)
           FROM probe, fn WHERE has_function_privilege(probe.oid, fn.oid, 'EXECUTE')
+        UNION ALL
+        SELECT format('PUBLIC has %s on schema %s', a.privilege_type, nsp.name)
+          FROM nsp, aclexplode(nsp.nspacl) a WHERE a.grantee = 0
+        UNION ALL
+        SELECT format('%s can use schema %s', probe.who, nsp.name)
+          FROM probe, nsp WHERE has_schema_privilege(probe.oid, nsp.oid, 'USAGE')
     ) found;
     IF v_open IS NOT NULL THEN
         RAISE EXCEPTION 'pg_net is open to roles other than the owner of the queue''s requests (%): the queued requests, and the power to make the database send requests, are theirs',

@@ -23,6 +23,15 @@
 -- pg_net, supabase_vault and pgcrypto in this database. Remove the job and the trigger with
 -- cron/unschedule_webhooks.sql.
 --
+-- The poke's function lives in schema sftq_cron, which this script creates and which
+-- belongs to the role running it (the jobs' owner), not in sftq. The poke must run as a role
+-- that can read Vault and call pg_net, and after _net_private.sql only the jobs' owner can.
+-- Every SECURITY DEFINER function of sftq is handed to sftq_definer on each migrate
+-- (sql/grants/090_security.sql), a role that must never reach pg_net: a poke kept in sftq
+-- would stop working after the next migrate. Nobody else gets any right on sftq_cron: a
+-- trigger needs none from the writers that fire it. An older version of this script kept
+-- the poke in sftq as sftq._webhook_poke(); running this one moves it.
+--
 -- Latency: the poke is queued in the committing transaction and pg_net sends it right after
 -- the commit, so a delivery usually starts within a second (pg_net's worker loop plus a
 -- warm function); the cron job bounds the worst case at its interval. Retries are due at
@@ -66,10 +75,25 @@ SELECT cron.schedule(
                     WHERE state = 'pending' AND next_attempt_at <= now())$where$
 ) AS jobid \gset sftq_cron_
 
+-- The poke's schema: the cron wiring's own, this role's, closed to everyone else.
+DO $$ BEGIN
+    IF to_regnamespace('sftq_cron') IS NULL THEN
+        CREATE SCHEMA sftq_cron;
+    ELSIF (SELECT nspowner FROM pg_namespace WHERE nspname = 'sftq_cron')
+          <> (SELECT oid FROM pg_roles WHERE rolname = current_user) THEN
+        RAISE EXCEPTION 'schema sftq_cron belongs to %, not to %, who runs this script',
+                        (SELECT nspowner::regrole FROM pg_namespace WHERE nspname = 'sftq_cron'),
+                        current_user
+            USING HINT = 'Run the cron scripts as the role that owns the jobs (postgres on Supabase), or hand the schema over: ALTER SCHEMA sftq_cron OWNER TO <that role>.';
+    END IF;
+END $$;
+COMMENT ON SCHEMA sftq_cron IS
+    'finetune-queue''s cron wiring (cron/schedule_webhooks.sql): the webhook poke, owned by the pg_cron jobs'' owner, which alone may use pg_net. Not touched by sftq db migrate; nothing here for other roles.';
+
 -- The poke mints its token the way the job does (the expression from _tick_secrets.sql,
 -- which names pgcrypto's schema), so the function is written out here and run with \gexec.
 SELECT format($def$
-CREATE OR REPLACE FUNCTION sftq._webhook_poke()
+CREATE OR REPLACE FUNCTION sftq_cron._webhook_poke()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -103,16 +127,46 @@ BEGIN
 END
 $body$
 $def$, :'sftq_cron_authorization') \gexec
-COMMENT ON FUNCTION sftq._webhook_poke() IS
-    'AFTER INSERT (statement) trigger on sftq.webhook_deliveries, installed by cron/schedule_webhooks.sql: queues one pg_net POST to the webhook-deliver function per transaction, with a two-minute token minted from Vault (never the secret), sent by pg_net after the commit. Never fails the transaction. Locking contract: none.';
-REVOKE ALL ON FUNCTION sftq._webhook_poke() FROM PUBLIC;
+COMMENT ON FUNCTION sftq_cron._webhook_poke() IS
+    'AFTER INSERT (statement) trigger on sftq.webhook_deliveries, installed by cron/schedule_webhooks.sql: queues one pg_net POST to the webhook-deliver function per transaction, with a two-minute token minted from Vault (never the secret), sent by pg_net after the commit. Runs as the pg_cron jobs'' owner (SECURITY DEFINER, fixed search_path, no arguments). Never fails the transaction. Locking contract: none.';
+-- Nothing for anyone but this role, whatever was granted before: firing a trigger needs no
+-- right on its function, and with USAGE and EXECUTE a role could hang the poke on a table
+-- of its own.
+REVOKE ALL ON FUNCTION sftq_cron._webhook_poke() FROM PUBLIC;
+DO $$
+DECLARE
+    v_sql  text;
+BEGIN
+    FOR v_sql IN
+        SELECT format('REVOKE ALL ON SCHEMA sftq_cron FROM %s', g.name)
+          FROM (SELECT DISTINCT CASE a.grantee WHEN 0 THEN 'PUBLIC'
+                                ELSE quote_ident(pg_get_userbyid(a.grantee)) END AS name
+                  FROM pg_namespace n, aclexplode(n.nspacl) a
+                 WHERE n.nspname = 'sftq_cron' AND a.grantee <> n.nspowner) g
+        UNION ALL
+        SELECT format('REVOKE ALL ON FUNCTION sftq_cron._webhook_poke() FROM %s', g.name)
+          FROM (SELECT DISTINCT quote_ident(pg_get_userbyid(a.grantee)) AS name
+                  FROM pg_proc p, aclexplode(p.proacl) a
+                 WHERE p.oid = 'sftq_cron._webhook_poke()'::regprocedure
+                   AND a.grantee NOT IN (0, p.proowner)) g
+    LOOP
+        EXECUTE v_sql;
+    END LOOP;
+END $$;
 
 \if :poke
 CREATE OR REPLACE TRIGGER webhook_deliveries_poke
     AFTER INSERT ON sftq.webhook_deliveries
-    FOR EACH STATEMENT EXECUTE FUNCTION sftq._webhook_poke();
+    FOR EACH STATEMENT EXECUTE FUNCTION sftq_cron._webhook_poke();
 \else
 DROP TRIGGER IF EXISTS webhook_deliveries_poke ON sftq.webhook_deliveries;
 \endif
+-- The poke an older version of this script kept in sftq: the trigger no longer uses it.
+DO $$ BEGIN
+    IF to_regprocedure('sftq._webhook_poke()') IS NOT NULL THEN
+        DROP FUNCTION sftq._webhook_poke();
+        RAISE NOTICE 'the webhook poke moved from schema sftq to sftq_cron';
+    END IF;
+END $$;
 COMMIT;
 \echo 'scheduled sftq-webhooks-deliver:' :'deliver_schedule' '(poke after commit:' :'poke' ')'

@@ -531,7 +531,8 @@ do_db() {
     done
     # Fail loudly if Supabase's Data API (anon, authenticated) could reach the queue.
     psql_for SUPABASE_DB_URL
-    run_cmd "${PSQL_ENV[@]}" -- "$PSQL" "$PSQL_URL" -X -q -v ON_ERROR_STOP=1 -f infra/sql/check_data_api.sql
+    run_cmd "${PSQL_ENV[@]}" -- "$PSQL" "$PSQL_URL" -X -q -v ON_ERROR_STOP=1 -f infra/sql/check_data_api.sql ||
+        die "the migrations are applied, but Supabase's Data API could reach schema sftq: run each \`fix:\` statement that infra/sql/check_data_api.sql listed above (as the owner, on SUPABASE_DB_URL), then run infra/deploy.sh db again; do not deploy the functions until it passes"
     check_exposed_schemas
 }
 
@@ -540,7 +541,9 @@ do_db() {
 check_exposed_schemas() {
     local url answer schemas
     if [[ -z ${SUPABASE_ACCESS_TOKEN:-} ]]; then
-        note "warning: SUPABASE_ACCESS_TOKEN is not set: the Data API's exposed schemas (Settings > API) were not checked; keep sftq out of them"
+        local ref
+        ref=$(project_ref)
+        note "warning: SUPABASE_ACCESS_TOKEN is not set, so the project's list of the Data API's exposed schemas was NOT checked (it is kept outside the database; only the in-database pgrst.db_schemas settings were). Check that sftq is not in it: in the dashboard, Settings > API > Exposed schemas; or set SUPABASE_ACCESS_TOKEN (a personal access token) and run infra/deploy.sh db again, which reads db_schema from https://api.supabase.com/v1/projects/${ref:-<project-ref>}/postgrest"
         return 0
     fi
     url="https://api.supabase.com/v1/projects/$(project_ref)/postgrest"

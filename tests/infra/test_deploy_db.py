@@ -1,7 +1,10 @@
 """`infra/deploy.sh db` for real, against a database of the private test cluster on loopback:
 the real sftq migrator and the real psql. The login roles it makes get exactly what their
 group role allows: the API's can call the api_* procedures and nothing else, the analyst's
-can read the analyst views and nothing else."""
+can read the analyst views and nothing else. And the step fails loudly, naming the statement
+that fixes each finding, when Supabase's Data API could reach the queue: anon or authenticated
+granted the schema, or PostgREST's in-database setting exposing it (stand-in roles anon,
+authenticated and authenticator in the test cluster)."""
 
 from __future__ import annotations
 
@@ -96,3 +99,96 @@ def test_db_step_migrates_and_makes_least_privilege_logins(
 def test_db_step_stops_on_an_unreachable_database(tmp_path: Path) -> None:
     r = _deploy_db("postgresql://postgres:nope-nope-nope@127.0.0.1:9/postgres", tmp_path)
     assert r.returncode != 0
+
+
+# ---- the Data API check (infra/sql/check_data_api.sql) fails the step loudly ---------------
+
+STAND_IN_ROLES = """
+DO $$ BEGIN
+    -- Supabase's Data API roles, and the role PostgREST logs in as (cluster-wide).
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'anon') THEN
+        CREATE ROLE anon NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'authenticated') THEN
+        CREATE ROLE authenticated NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'authenticator') THEN
+        CREATE ROLE authenticator NOLOGIN NOINHERIT;
+    END IF;
+END $$;
+"""
+
+
+@pytest.fixture
+def data_api_roles(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    conn.execute(STAND_IN_ROLES)
+    try:
+        yield conn
+    finally:  # a role's settings outlive this test's database: take them back
+        conn.execute("ALTER ROLE authenticator RESET pgrst.db_schemas")
+        conn.execute(f'ALTER ROLE authenticator IN DATABASE "{conn.info.dbname}" '
+                     "RESET pgrst.db_schemas")
+
+
+def _refused(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "Supabase's Data API could reach schema sftq" in r.stderr
+    assert "run infra/deploy.sh db again" in r.stderr
+    return r.stderr
+
+
+def test_db_step_passes_with_the_data_api_roles_present(
+        db_url: str, data_api_roles: psycopg.Connection[Any], tmp_path: Path) -> None:
+    """No false alarm: the roles exist, PostgREST exposes other schemas, the step passes;
+    it says what it could not check without the Management API, and how to check it."""
+    data_api_roles.execute("ALTER ROLE authenticator SET pgrst.db_schemas = "
+                           "'public, graphql_public, sftq_reports'")
+    r = _deploy_db(db_url, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "SUPABASE_ACCESS_TOKEN is not set" in r.stderr
+    assert "exposed schemas was NOT checked" in r.stderr
+    assert "only the in-database pgrst.db_schemas settings were" in r.stderr
+    assert "Settings > API > Exposed schemas" in r.stderr
+    assert "https://api.supabase.com/v1/projects/<project-ref>/postgrest" in r.stderr
+
+
+@pytest.mark.parametrize("role", ["anon", "authenticated"])
+def test_db_step_fails_when_a_data_api_role_can_use_the_schema(
+        db_url: str, data_api_roles: psycopg.Connection[Any], tmp_path: Path,
+        role: str) -> None:
+    conn = data_api_roles
+    conn.execute(f"GRANT USAGE ON SCHEMA sftq TO {role}")
+    conn.execute(f"GRANT SELECT ON sftq.jobs TO {role}")
+    stderr = _refused(_deploy_db(db_url, tmp_path))
+    # Each thing found, with the statement that takes it back.
+    assert (f"{role} can use schema sftq (fix: REVOKE ALL ON SCHEMA sftq FROM {role})"
+            in stderr)
+    assert f"{role} has SELECT on sftq.jobs (fix: REVOKE ALL ON sftq.jobs FROM {role})" in stderr
+    # The fixes it names are enough: run them, and the step passes.
+    conn.execute(f"REVOKE ALL ON SCHEMA sftq FROM {role}")
+    conn.execute(f"REVOKE ALL ON sftq.jobs FROM {role}")
+    r = _deploy_db(db_url, tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_db_step_fails_when_postgrest_exposes_sftq(
+        db_url: str, data_api_roles: psycopg.Connection[Any], tmp_path: Path) -> None:
+    """The in-database PostgREST setting, as a Supabase or self-hosted PostgREST keeps it on
+    the role it logs in as, for every database or only for this one."""
+    conn = data_api_roles
+    conn.execute("ALTER ROLE authenticator SET pgrst.db_schemas = 'public, sftq'")
+    stderr = _refused(_deploy_db(db_url, tmp_path))
+    assert ("pgrst.db_schemas=public, sftq is set for role authenticator: sftq is among the "
+            "Data API's exposed schemas (fix: ALTER ROLE authenticator SET pgrst.db_schemas = "
+            "'public', then NOTIFY pgrst, 'reload config')") in stderr
+
+    conn.execute("ALTER ROLE authenticator SET pgrst.db_schemas = 'public'")
+    dbname = conn.info.dbname
+    conn.execute(f'ALTER ROLE authenticator IN DATABASE "{dbname}" '
+                 "SET pgrst.db_schemas = 'sftq'")
+    stderr = _refused(_deploy_db(db_url, tmp_path))
+    assert (f'fix: ALTER ROLE authenticator IN DATABASE {dbname} RESET pgrst.db_schemas'
+            in stderr)
+    conn.execute(f'ALTER ROLE authenticator IN DATABASE "{dbname}" RESET pgrst.db_schemas')
+    r = _deploy_db(db_url, tmp_path)
+    assert r.returncode == 0, r.stderr

@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from sftq_server import migrate
 from sftq_server.pgcluster import LocalCluster
 from sftq_server.tick_http import bearer_ok
 
@@ -383,6 +384,42 @@ def webhook_jobs(conn: Conn) -> dict[str, tuple[str, str]]:
     return {r[0]: (r[1], r[2]) for r in rows}
 
 
+# The poke as schedule_webhooks.sql leaves it: in the cron wiring's own schema, owned by
+# the jobs' owner (the test cluster's postgres, as on Supabase), SECURITY DEFINER with a
+# fixed search_path and no arguments.
+POKE = ("sftq_cron._webhook_poke()", True, "postgres", ["search_path=pg_catalog, pg_temp"], 0)
+
+
+def pokes(conn: Conn) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in conn.execute(
+        "SELECT p.oid::regprocedure::text, p.prosecdef, pg_get_userbyid(p.proowner), "
+        "p.proconfig, p.pronargs FROM pg_proc p WHERE p.proname = '_webhook_poke' "
+        "ORDER BY 1").fetchall()]
+
+
+def poke_trigger(conn: Conn) -> str | None:
+    row = conn.execute("SELECT tgfoid::regprocedure::text FROM pg_trigger "
+                       "WHERE tgrelid = 'sftq.webhook_deliveries'::regclass "
+                       "AND tgname = 'webhook_deliveries_poke'").fetchone()
+    return None if row is None else str(row[0])
+
+
+def definer_owners(conn: Conn) -> list[str]:
+    """Who owns the SECURITY DEFINER functions of sftq: item 3 says sftq_definer alone."""
+    return [r[0] for r in conn.execute(
+        "SELECT DISTINCT pg_get_userbyid(proowner) FROM pg_proc "
+        "WHERE pronamespace = 'sftq'::regnamespace AND prosecdef ORDER BY 1").fetchall()]
+
+
+def migrate_again(conn: Conn, url: str) -> None:
+    """A later `sftq db migrate` that applies something (every procedure, as if an upgrade
+    changed them), so that the grants, with their handover of SECURITY DEFINER functions to
+    sftq_definer, run again after it."""
+    conn.execute("UPDATE sftq_migrations.applied SET checksum = 'changed' "
+                 "WHERE name LIKE 'procedures/%'")
+    assert "grants/090_security.sql" in migrate.migrate(url)
+
+
 def hooked_user(conn: Conn) -> int:
     row = conn.execute("SELECT sftq.create_user('hooked')").fetchone()
     assert row is not None
@@ -425,11 +462,9 @@ def test_the_webhook_job_and_poke_send_tokens_and_keep_pg_net_closed(
     assert match is not None, poke
     assert bearer_ok(poke[0][1]["Authorization"].removeprefix("Bearer "), SECRET, time.time())
     check_command(conn, command, target=DELIVER_URL)
-    # The poke runs as its owner (SECURITY DEFINER) for any writer of deliveries, which
-    # cannot reach pg_net itself.
-    definer = conn.execute("SELECT prosecdef, proowner::regrole::text FROM pg_proc "
-                           "WHERE oid = 'sftq._webhook_poke()'::regprocedure").fetchone()
-    assert definer == (True, "postgres")
+    # The poke runs as its owner, the jobs' owner (SECURITY DEFINER), for any writer of
+    # deliveries, which cannot reach pg_net itself; it lives outside sftq (see below).
+    assert pokes(conn) == [POKE]
 
     # A secret rotated through the webhooks script is the tick's too (one Vault entry).
     rotated = SECRET + "-rotated"
@@ -444,7 +479,176 @@ def test_the_webhook_job_and_poke_send_tokens_and_keep_pg_net_closed(
         done = psql(url, script, secret=None)
         assert done.returncode == 0, done.stderr
     assert webhook_jobs(conn) == {} and jobs(conn) == {}
+    assert pokes(conn) == [] and poke_trigger(conn) is None
+    assert conn.execute("SELECT to_regnamespace('sftq_cron')").fetchone() == (None,)
     assert check_net(url).returncode == 0
+
+
+def api_enqueue_as_sftq_api(conn: Conn, user: str) -> None:
+    """A job through the API's own path: sftq_api calls api_enqueue, which writes the event
+    and its deliveries as sftq_definer. Neither role has any right on pg_net or sftq_cron."""
+    row = conn.execute("SELECT key FROM sftq.issue_key(%s)", (user,)).fetchone()
+    assert row is not None
+    digest = hashlib.sha256(row[0].encode()).digest()
+    with conn.transaction():
+        conn.execute("SET LOCAL ROLE sftq_api")
+        conn.execute("SELECT body FROM sftq.api_enqueue(%s, 'SFT', '{}'::jsonb, NULL, 4, NULL)",
+                     (digest,))
+
+
+def queued_pokes(conn: Conn) -> list[tuple[str, str]]:
+    return [(r[0], r[1]["Authorization"]) for r in conn.execute(
+        "SELECT url, headers FROM net.http_request_queue ORDER BY id").fetchall()]
+
+
+@needs_psql
+def test_the_poke_keeps_working_after_any_number_of_migrates(
+        standin_cron: tuple[str, Conn]) -> None:
+    """The grants hand every SECURITY DEFINER function of sftq to sftq_definer, which has no
+    pg_net and no Vault, on every migrate that applies something. The poke lives outside sftq
+    (schema sftq_cron, the jobs' owner's): migrates never touch it, item 3 holds for all of
+    sftq, and the poke still sends its token after them."""
+    url, conn = standin_cron
+    assert psql(url, "schedule_tick.sql", tick_url=URL).returncode == 0
+    done = psql(url, "schedule_webhooks.sql", deliver_url=DELIVER_URL)
+    assert done.returncode == 0, done.stderr
+    hooked_user(conn)
+    for _ in range(2):
+        migrate_again(conn, url)
+        assert pokes(conn) == [POKE]
+        assert poke_trigger(conn) == "sftq_cron._webhook_poke()"
+        assert definer_owners(conn) == ["sftq_definer"]
+        passed = check_net(url)
+        assert passed.returncode == 0, passed.stderr
+
+        conn.execute("DELETE FROM net.http_request_queue")
+        api_enqueue_as_sftq_api(conn, "hooked")
+        (target, authorization), = queued_pokes(conn)
+        assert target == DELIVER_URL
+        assert bearer_ok(authorization.removeprefix("Bearer "), SECRET, time.time())
+
+    # Nobody else can use the poke's schema or the poke: a trigger needs neither from the
+    # writers that fire it, and with both a role could hang the poke on a table of its own.
+    for role in ("anon", "authenticated", PROBE_LOGIN, "sftq_api", "sftq_definer",
+                 "sftq_scheduler", "public"):
+        assert conn.execute("SELECT has_schema_privilege(%s, 'sftq_cron', 'USAGE'), "
+                            "has_function_privilege(%s, 'sftq_cron._webhook_poke()', 'EXECUTE')",
+                            (role, role)).fetchone() == (False, False), role
+    conn.execute(f"GRANT USAGE ON SCHEMA sftq_cron TO {PROBE_LOGIN}")
+    conn.execute(f"GRANT EXECUTE ON FUNCTION sftq_cron._webhook_poke() TO {PROBE_LOGIN}")
+    refused = check_net(url)
+    assert refused.returncode != 0
+    assert f"{PROBE_LOGIN} can use schema sftq_cron" in refused.stderr
+    assert f"{PROBE_LOGIN} can execute sftq_cron._webhook_poke()" in refused.stderr
+    # Running the script again takes those rights back.
+    assert psql(url, "schedule_webhooks.sql", deliver_url=DELIVER_URL).returncode == 0
+    conn.execute(f"REVOKE USAGE ON SCHEMA sftq_cron FROM {PROBE_LOGIN}")
+    passed = check_net(url)
+    assert passed.returncode == 0, passed.stderr
+
+
+@needs_psql
+def test_the_poke_as_a_non_superuser_like_supabases_postgres(pg_cluster: LocalCluster) -> None:
+    """On Supabase one role, postgres, migrates and schedules, and it is no superuser: what
+    keeps the poke working is its own rights, not a superuser's. The same role migrates,
+    runs the cron scripts (pg_net's and Vault's stand-ins are its own, so it may revoke on
+    them) and migrates again; the poke stays its own and keeps sending."""
+    owner, db = "t_cron_owner", "t_cron_nonsuper"
+    with psycopg.connect(pg_cluster.url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {owner} LOGIN CREATEROLE")
+        admin.execute(f"CREATE DATABASE {db} OWNER {owner}")
+    url = f"postgresql://{owner}@127.0.0.1:{pg_cluster.port}/{db}"
+    try:
+        migrate.migrate(url)
+        with psycopg.connect(url, autocommit=True) as conn, \
+                psycopg.connect(pg_cluster.url_for(db), autocommit=True) as su:
+            install_standins(conn, pgcrypto_schema="extensions")
+            conn.execute(CRON_STANDIN)
+            assert psql(url, "schedule_tick.sql", tick_url=URL).returncode == 0
+            done = psql(url, "schedule_webhooks.sql", deliver_url=DELIVER_URL)
+            assert done.returncode == 0, done.stderr
+            hooked_user(conn)
+            migrate_again(conn, url)
+            assert pokes(conn) == [(POKE[0], True, owner, *POKE[3:])]
+            assert definer_owners(conn) == ["sftq_definer"]
+            passed = check_net(url)
+            assert passed.returncode == 0, passed.stderr
+            api_enqueue_as_sftq_api(su, "hooked")
+            (target, authorization), = queued_pokes(conn)
+            assert target == DELIVER_URL
+            assert bearer_ok(authorization.removeprefix("Bearer "), SECRET, time.time())
+            for script in ("unschedule_webhooks.sql", "unschedule_tick.sql"):
+                done = psql(url, script, secret=None)
+                assert done.returncode == 0, done.stderr
+            assert pokes(conn) == []
+    finally:
+        with psycopg.connect(pg_cluster.url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {db}")
+            admin.execute(f"REVOKE sftq_definer FROM {owner}")
+            admin.execute(f"DROP ROLE IF EXISTS {owner}")
+
+
+# What an older cron/schedule_webhooks.sql made: the poke in schema sftq (its real body minted
+# a token; this stand-in sends a fixed header, enough to show whether it can send at all).
+OLD_POKE = """
+CREATE FUNCTION sftq._webhook_poke() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    BEGIN
+        PERFORM net.http_post(
+            url := (SELECT decrypted_secret FROM vault.decrypted_secrets
+                     WHERE name = 'sftq_tick_url'),
+            headers := jsonb_build_object('Authorization', 'Bearer old'));
+    EXCEPTION WHEN OTHERS THEN
+        RAISE WARNING 'sftq: webhook poke not sent (%); the cron job will deliver', SQLERRM;
+    END;
+    RETURN NULL;
+END $$;
+REVOKE ALL ON FUNCTION sftq._webhook_poke() FROM PUBLIC;
+CREATE TRIGGER webhook_deliveries_poke AFTER INSERT ON sftq.webhook_deliveries
+    FOR EACH STATEMENT EXECUTE FUNCTION sftq._webhook_poke();
+"""
+
+
+@needs_psql
+def test_a_poke_left_in_sftq_is_caught_and_moved(standin_cron: tuple[str, Conn]) -> None:
+    """A database set up by the older script: the next migrate hands its poke to
+    sftq_definer and the poke goes silent. The check names it and the fix; running
+    schedule_webhooks.sql again moves the poke out of sftq, and the check passes."""
+    url, conn = standin_cron
+    assert psql(url, "schedule_tick.sql", tick_url=URL).returncode == 0
+    conn.execute(OLD_POKE)
+    uid = hooked_user(conn)
+    migrate_again(conn, url)
+    assert pokes(conn) == [("sftq._webhook_poke()", True, "sftq_definer",
+                            ["search_path=pg_catalog, pg_temp"], 0)]
+    conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (uid,))
+    assert queued_pokes(conn) == []  # sftq_definer can reach neither Vault nor pg_net
+    refused = check_net(url)
+    assert refused.returncode != 0
+    assert "sftq._webhook_poke() is left from an older cron/schedule_webhooks.sql" in refused.stderr
+    assert "Run cron/schedule_webhooks.sql again" in refused.stderr
+
+    done = psql(url, "schedule_webhooks.sql", deliver_url=DELIVER_URL)
+    assert done.returncode == 0, done.stderr
+    assert pokes(conn) == [POKE] and poke_trigger(conn) == "sftq_cron._webhook_poke()"
+    passed = check_net(url)
+    assert passed.returncode == 0, passed.stderr
+    migrate_again(conn, url)
+    api_enqueue_as_sftq_api(conn, "hooked")
+    (target, authorization), = queued_pokes(conn)
+    assert target == DELIVER_URL and authorization != "Bearer old"
+    assert bearer_ok(authorization.removeprefix("Bearer "), SECRET, time.time())
+
+    # The old poke left with poke=off, or by the unschedule script, goes as well.
+    conn.execute("DROP TRIGGER webhook_deliveries_poke ON sftq.webhook_deliveries")
+    conn.execute(OLD_POKE)
+    assert psql(url, "unschedule_webhooks.sql", secret=None).returncode == 0
+    assert pokes(conn) == [] and poke_trigger(conn) is None
+    conn.execute(OLD_POKE)
+    done = psql(url, "schedule_webhooks.sql", deliver_url=DELIVER_URL, poke="off")
+    assert done.returncode == 0, done.stderr
+    assert pokes(conn) == [POKE] and poke_trigger(conn) is None
 
 
 @needs_psql
@@ -469,3 +673,4 @@ def test_the_webhooks_script_on_real_pg_cron(real_cron: tuple[str, Conn]) -> Non
                 deliver_schedule="* * * * *")
     assert done.returncode != 0 and "sftq.webhook_deliveries" in done.stderr
     assert webhook_jobs(conn) == {} and secrets(conn) == {}
+    assert conn.execute("SELECT to_regnamespace('sftq_cron')").fetchone() == (None,)
