@@ -72,6 +72,49 @@ def test_submit(sftq: Run, api: FakeJobsApi, payload_file: Path) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("sft.json", "SFT"), ("DPO.json", "DPO"), ("rft", "RFT"), ("dpo-run.json", "DPO"),
+     ("my_rft.json", "RFT"), ("sft_v2.payload.json", "SFT"), ("week-3-SFT.json", "SFT"),
+     ("sft-then-sft.json", "SFT")],
+)  # fmt: skip
+def test_submit_takes_the_kind_from_the_file_name(
+    sftq: Run, api: FakeJobsApi, tmp_path: Path, name: str, kind: str
+) -> None:
+    # Issue 18.8: `sftq submit --payload examples/sft.json` works as written.
+    path = tmp_path / name
+    path.write_text('{"dataset": "d"}')
+    code, out, err = sftq("submit", "--payload", str(path))
+    assert code == 0, err
+    assert json.loads(api.requests[0].content)["kind"] == kind
+    assert f"({kind})" in out
+
+
+def test_an_explicit_kind_wins_over_the_file_name(
+    sftq: Run, api: FakeJobsApi, tmp_path: Path
+) -> None:
+    path = tmp_path / "sft.json"
+    path.write_text('{"dataset": "d"}')
+    code, _, err = sftq("submit", "--kind", "dpo", "--payload", str(path))
+    assert code == 0, err
+    assert json.loads(api.requests[0].content)["kind"] == "DPO"
+
+
+@pytest.mark.parametrize(
+    "name", ["payload.json", "sftx.json", "mysft.json", "sft-to-dpo.json", "dpo.sft.json", "-"]
+)
+def test_submit_without_a_kind_the_name_does_not_tell(
+    sftq: Run, api: FakeJobsApi, tmp_path: Path, name: str
+) -> None:
+    path = "-" if name == "-" else str(tmp_path / name)
+    if name != "-":
+        Path(path).write_text('{"dataset": "d"}')
+    code, out, err = sftq("submit", "--payload", path, stdin='{"dataset": "d"}')
+    assert (code, out) == (2, "")
+    assert "--kind SFT|DPO|RFT is required (it could not be told from the file name)" in err
+    assert api.requests == []
+
+
 def test_submit_json_from_stdin(sftq: Run, api: FakeJobsApi) -> None:
     code, out, _ = sftq(
         "submit", "--kind", "DPO", "--payload", "-", "--json", stdin='{"dataset": "d"}'
