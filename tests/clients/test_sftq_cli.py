@@ -285,6 +285,21 @@ def test_get(sftq: Run, api: FakeJobsApi) -> None:
     assert json.loads(out)["error"] == "Fireworks 400: bad dataset"
 
 
+def test_get_shows_failure_class_and_retry_of_when_set(sftq: Run, api: FakeJobsApi) -> None:
+    # docs/cli.md: `sftq get ID` shows whether a FAIL is worth a retry, and what a job retries.
+    failed = api.add_job("FAIL", error="gave up", failure_class="retryable", retry_of=None)
+    retry = api.add_job(retry_of=failed["id"], failure_class=None)
+    code, out, _ = sftq("get", failed["id"])
+    assert code == 0
+    assert "failure_class:       retryable\n" in out and "retry_of" not in out
+    code, out, _ = sftq("get", retry["id"])
+    assert code == 0
+    assert f"retry_of:            {failed['id']}\n" in out and "failure_class" not in out
+    # A job with neither shows neither.
+    code, out, _ = sftq("get", api.add_job()["id"])
+    assert code == 0 and "failure_class" not in out and "retry_of" not in out
+
+
 def test_get_not_found(sftq: Run) -> None:
     code, out, err = sftq("get", "0f6c1c9e-1a2b-4c3d-8e4f-0123456789ab")
     assert (code, out) == (4, "")
