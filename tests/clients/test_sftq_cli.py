@@ -642,6 +642,11 @@ def test_commands_take_an_id_prefix(sftq: Run, api: FakeJobsApi) -> None:
     code, out, _ = sftq("wait", "99999999", "--json")
     assert code == 0 and json.loads(out)["state"] == "SUCCESS"
     assert sftq("cancel", "0f6c1c9e-1a")[:2] == (0, f"cancelled {job['id']}\n")
+    api.add_event(job["id"], "cancelled", "CANCELLED", "cancelled by its owner")
+    code, out, err = sftq("events", "0f6c1c9e")
+    assert code == 0 and "cancelled by its owner" in out, err
+    assert api.requests[-1].url.path.endswith(f"/jobs/{job['id']}/events")
+    # retry takes one too (tests/clients/test_sftq_retry.py, whose fake answers POST .../retry).
     # Each lookup asked for a few candidates of that prefix, never the whole list.
     lookups = [r for r in api.requests if "id_prefix" in r.url.params]
     assert {r.url.params["limit"] for r in lookups} == {"10"}
