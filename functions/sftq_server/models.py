@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 Kind = Literal["SFT", "DPO", "RFT"]
 State = Literal["QUEUED", "PROGRESS", "SUCCESS", "FAIL", "CANCELLED"]
@@ -19,6 +19,14 @@ State = Literal["QUEUED", "PROGRESS", "SUCCESS", "FAIL", "CANCELLED"]
 KINDS: tuple[str, ...] = ("SFT", "DPO", "RFT")
 STATES: tuple[str, ...] = ("QUEUED", "PROGRESS", "SUCCESS", "FAIL", "CANCELLED")
 TERMINAL_STATES: tuple[str, ...] = ("SUCCESS", "FAIL", "CANCELLED")
+
+
+def upper_ascii(value: object) -> object:
+    """States and kinds are case-insensitive for callers ("sft" is SFT, "queued" is QUEUED).
+    ASCII only: str.upper() maps U+017F (long s) to "S" too, a spelling of SFT that
+    docs/openapi.json's pattern does not accept and no caller means."""
+    return value.upper() if isinstance(value, str) and value.isascii() else value
+
 
 DEFAULT_GPU_COUNT = 4
 MAX_GPU_COUNT = 64
@@ -43,6 +51,12 @@ class SubmitRequest(_Strict):
     gpu_count: StrictInt = Field(default=DEFAULT_GPU_COUNT, ge=1, le=MAX_GPU_COUNT)
     # How long the job may stay QUEUED before the scheduler cancels it (issue 10).
     queue_timeout_seconds: StrictInt | None = Field(default=None, ge=1, le=MAX_QUEUE_TIMEOUT)
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _kind_any_case(cls, value: object) -> object:
+        # Issue 18.6: "sft" is SFT here as in GET /jobs?kind=, the client and the CLI.
+        return upper_ascii(value)
 
 
 SUBMIT_FIELDS: frozenset[str] = frozenset(SubmitRequest.model_fields)

@@ -33,6 +33,14 @@ BINARY_CACHE = Path("/var/cache/sftq")
 _SERVER_TOOLS = ("initdb", "pg_ctl", "postgres")
 # Libraries found here are the system's and stay where they are; others travel with a copy.
 _SYSTEM_LIB_DIRS = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/", "/usr/local/lib/")
+# Folders that hold far more than PostgreSQL (binaries in /usr/bin): never copied whole.
+_SYSTEM_PREFIXES = ("/", "/usr", "/usr/local", "/opt")
+# What initdb reads from an installation's share folder, wherever its build put it.
+_CATALOG_FILES = (
+    "share/postgres.bki",
+    "share/postgresql/postgres.bki",
+    "share/postgresql/*/postgres.bki",
+)
 # The SSLRequest packet: any PostgreSQL answers it with one byte, before authentication.
 _SSL_REQUEST = struct.pack("!ii", 8, 80877103)
 
@@ -116,12 +124,54 @@ def _private_libraries(bindir: Path) -> set[Path]:
     return found
 
 
+def installation_root(bindir: Path) -> Path:
+    """The PostgreSQL installation the server binaries in bindir belong to: the folder holding
+    the real bin/ (symlinks resolved, so a ~/bin of links names the installation it points
+    into, not ~) and share/. ClusterError, naming SFTQ_PG_BINDIR, when that is not one
+    self-contained installation: copying it would copy the wrong tree, or a broken one."""
+
+    def refuse(why: str) -> ClusterError:
+        return ClusterError(
+            f"the PostgreSQL binaries in {bindir} (SFTQ_PG_BINDIR, or found on this machine) "
+            f"cannot be copied for the postgres user: {why}. Set SFTQ_PG_BINDIR to the bin/ "
+            "folder of a PostgreSQL installation (bin/, lib/, share/ with postgres.bki), or to "
+            "binaries the postgres user can run where they are"
+        )
+
+    real_dirs = set()
+    for tool in _SERVER_TOOLS:
+        try:
+            real_dirs.add((bindir / tool).resolve(strict=True).parent)
+        except OSError:
+            raise refuse(f"{bindir / tool} does not exist") from None
+    if len(real_dirs) != 1:
+        folders = ", ".join(str(d) for d in sorted(real_dirs))
+        raise refuse(f"{', '.join(_SERVER_TOOLS)} lead to different folders ({folders})")
+    (real_bindir,) = real_dirs
+    root = real_bindir.parent
+    if real_bindir.name != "bin":
+        raise refuse(f"{bindir / 'postgres'} is in {real_bindir}, which is not a bin/ folder")
+    if str(root) in _SYSTEM_PREFIXES:
+        raise refuse(f"{real_bindir} is the system's own; {root} is not copied")
+    if not any(glob.glob(os.path.join(glob.escape(str(root)), p)) for p in _CATALOG_FILES):
+        raise refuse(f"{root} has no share/ folder with postgres.bki beside {real_bindir}")
+    return root
+
+
+def _copy_sources(bindir: Path) -> tuple[Path, list[Path]]:
+    """What a copy of bindir's installation holds: the common folder of it all (the anchor),
+    and the folders copied under it: the installation, and private libraries outside it."""
+    prefix = installation_root(bindir)  # bin, lib, share
+    libs = {lib.parent for lib in _private_libraries(bindir) if prefix not in lib.parents}
+    anchor = Path(os.path.commonpath([prefix, *libs]))
+    return anchor, [prefix, *sorted(libs)]
+
+
 def _copy_for_postgres(bindir: Path, cache: Path) -> Path:
     """A copy of the installation around bindir under `cache`, readable by everyone; the
     copied bindir. Keyed by content, made once (atomically: a copy in progress is never used)."""
-    prefix = bindir.resolve().parent  # bin, lib, share
-    libs = {lib.parent for lib in _private_libraries(bindir) if prefix not in lib.parents}
-    anchor = Path(os.path.commonpath([prefix, *libs]))
+    anchor, sources = _copy_sources(bindir)
+    prefix, libs = sources[0], sources[1:]
     digest = hashlib.sha256()
     for path in sorted([*(bindir / t for t in _SERVER_TOOLS), *libs]):
         if path.is_file():
@@ -130,7 +180,7 @@ def _copy_for_postgres(bindir: Path, cache: Path) -> Path:
             for item in sorted(p for p in path.iterdir() if p.is_file()):
                 digest.update(item.name.encode() + item.read_bytes())
     target = cache / f"postgres-{digest.hexdigest()[:16]}"
-    copied_bindir = target / bindir.resolve().relative_to(anchor)
+    copied_bindir = target / (bindir / "postgres").resolve().parent.relative_to(anchor)
     if (target / ".complete").exists():
         return copied_bindir
     cache.mkdir(parents=True, exist_ok=True)
@@ -138,7 +188,7 @@ def _copy_for_postgres(bindir: Path, cache: Path) -> Path:
     staging = cache / f".{target.name}.{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        for source in (prefix, *sorted(libs)):
+        for source in sources:
             shutil.copytree(
                 source,
                 staging / source.relative_to(anchor),

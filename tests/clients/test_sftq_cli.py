@@ -72,6 +72,49 @@ def test_submit(sftq: Run, api: FakeJobsApi, payload_file: Path) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("sft.json", "SFT"), ("DPO.json", "DPO"), ("rft", "RFT"), ("dpo-run.json", "DPO"),
+     ("my_rft.json", "RFT"), ("sft_v2.payload.json", "SFT"), ("week-3-SFT.json", "SFT"),
+     ("sft-then-sft.json", "SFT")],
+)  # fmt: skip
+def test_submit_takes_the_kind_from_the_file_name(
+    sftq: Run, api: FakeJobsApi, tmp_path: Path, name: str, kind: str
+) -> None:
+    # Issue 18.8: `sftq submit --payload examples/sft.json` works as written.
+    path = tmp_path / name
+    path.write_text('{"dataset": "d"}')
+    code, out, err = sftq("submit", "--payload", str(path))
+    assert code == 0, err
+    assert json.loads(api.requests[0].content)["kind"] == kind
+    assert f"({kind})" in out
+
+
+def test_an_explicit_kind_wins_over_the_file_name(
+    sftq: Run, api: FakeJobsApi, tmp_path: Path
+) -> None:
+    path = tmp_path / "sft.json"
+    path.write_text('{"dataset": "d"}')
+    code, _, err = sftq("submit", "--kind", "dpo", "--payload", str(path))
+    assert code == 0, err
+    assert json.loads(api.requests[0].content)["kind"] == "DPO"
+
+
+@pytest.mark.parametrize(
+    "name", ["payload.json", "sftx.json", "mysft.json", "sft-to-dpo.json", "dpo.sft.json", "-"]
+)
+def test_submit_without_a_kind_the_name_does_not_tell(
+    sftq: Run, api: FakeJobsApi, tmp_path: Path, name: str
+) -> None:
+    path = "-" if name == "-" else str(tmp_path / name)
+    if name != "-":
+        Path(path).write_text('{"dataset": "d"}')
+    code, out, err = sftq("submit", "--payload", path, stdin='{"dataset": "d"}')
+    assert (code, out) == (2, "")
+    assert "--kind SFT|DPO|RFT is required (it could not be told from the file name)" in err
+    assert api.requests == []
+
+
 def test_submit_json_from_stdin(sftq: Run, api: FakeJobsApi) -> None:
     code, out, _ = sftq(
         "submit", "--kind", "DPO", "--payload", "-", "--json", stdin='{"dataset": "d"}'
@@ -240,6 +283,21 @@ def test_get(sftq: Run, api: FakeJobsApi) -> None:
     assert "error:               Fireworks 400: bad dataset" in out
     code, out, _ = sftq("get", job["id"], "--json")
     assert json.loads(out)["error"] == "Fireworks 400: bad dataset"
+
+
+def test_get_shows_failure_class_and_retry_of_when_set(sftq: Run, api: FakeJobsApi) -> None:
+    # docs/cli.md: `sftq get ID` shows whether a FAIL is worth a retry, and what a job retries.
+    failed = api.add_job("FAIL", error="gave up", failure_class="retryable", retry_of=None)
+    retry = api.add_job(retry_of=failed["id"], failure_class=None)
+    code, out, _ = sftq("get", failed["id"])
+    assert code == 0
+    assert "failure_class:       retryable\n" in out and "retry_of" not in out
+    code, out, _ = sftq("get", retry["id"])
+    assert code == 0
+    assert f"retry_of:            {failed['id']}\n" in out and "failure_class" not in out
+    # A job with neither shows neither.
+    code, out, _ = sftq("get", api.add_job()["id"])
+    assert code == 0 and "failure_class" not in out and "retry_of" not in out
 
 
 def test_get_not_found(sftq: Run) -> None:
@@ -584,6 +642,11 @@ def test_commands_take_an_id_prefix(sftq: Run, api: FakeJobsApi) -> None:
     code, out, _ = sftq("wait", "99999999", "--json")
     assert code == 0 and json.loads(out)["state"] == "SUCCESS"
     assert sftq("cancel", "0f6c1c9e-1a")[:2] == (0, f"cancelled {job['id']}\n")
+    api.add_event(job["id"], "cancelled", "CANCELLED", "cancelled by its owner")
+    code, out, err = sftq("events", "0f6c1c9e")
+    assert code == 0 and "cancelled by its owner" in out, err
+    assert api.requests[-1].url.path.endswith(f"/jobs/{job['id']}/events")
+    # retry takes one too (tests/clients/test_sftq_retry.py, whose fake answers POST .../retry).
     # Each lookup asked for a few candidates of that prefix, never the whole list.
     lookups = [r for r in api.requests if "id_prefix" in r.url.params]
     assert {r.url.params["limit"] for r in lookups} == {"10"}

@@ -187,6 +187,19 @@ def test_retry_command_errors(sftq: Run, api: RetryingJobsApi) -> None:
     assert sftq("retry")[0] == 2
 
 
+def test_retry_takes_an_id_prefix(sftq: Run, api: RetryingJobsApi) -> None:
+    # Issue 18.5: retry, like get, cancel, wait and events, takes 8 or more characters of an id.
+    failed = api.add_job("FAIL", id="0f6c1c9e-1a2b-4c3d-8e4f-0123456789ab")
+    api.add_job("CANCELLED", id="0f6c1c9f-1a2b-4c3d-8e4f-0123456789ab")
+    code, out, err = sftq("retry", "0f6c1c9e")
+    assert code == 0, err
+    assert f"a retry of {failed['id']}" in out
+    assert api.calls("POST")[0].url.path.endswith(f"/jobs/{failed['id']}/retry")
+    code, _, err = sftq("retry", "0f6c1c9")  # 7 characters: too short, nothing is sent
+    assert code == 2 and "at least its first 8 characters" in err
+    assert len(api.calls("POST")) == 1
+
+
 def test_retry_and_wait(sftq: Run, api: RetryingJobsApi) -> None:
     failed = api.add_job("FAIL")
     original = api.add_job

@@ -368,3 +368,24 @@ def test_retry_from_the_job_page(stack: Stack, browser: Browser) -> None:
     assert stack.job(new_id)["retry_of"] == job_id
     assert b.attrs("#job-record a[href^='#/job/']", "href") == [f"#/job/{job_id}"]
     assert b.console_errors() == []
+
+
+def test_list_filters_in_the_address_take_any_case(stack: Stack, browser: Browser) -> None:
+    # Issue 18.6: #/jobs?state=queued is the QUEUED filter, as GET /jobs?state=queued is.
+    b = browser
+    key = stack.user("dash-case")
+    queued = stack.submit("case-queued", key=key, gpus=1, kind="DPO")
+    cancelled = stack.submit("case-cancelled", key=key, gpus=1)
+    r = stack.http.delete(f"{stack.api}/jobs/{cancelled}", headers=stack.auth(key))
+    assert r.status_code == 200, r.text
+    b.sign_in(stack.url, key)
+    b.wait(lambda: set(b.attrs("#jobs-table tbody tr", "data-job-id")) == {queued, cancelled},
+           "both jobs, unfiltered")
+    b.go("#/jobs?state=queued")
+    b.wait(lambda: b.attrs("#jobs-table tbody tr", "data-job-id") == [queued], "the QUEUED filter")
+    assert b.find("#f-state").get_attribute("value") == "QUEUED"
+    b.go("#/jobs?kind=sft")
+    b.wait(lambda: b.attrs("#jobs-table tbody tr", "data-job-id") == [cancelled],
+           "the SFT filter")
+    assert b.find("#f-kind").get_attribute("value") == "SFT"
+    assert b.console_errors() == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -215,3 +216,60 @@ def test_cancelling_a_running_job_answers_cancelled_at_once(live: Live) -> None:
         assert (result.state, result.pending) == ("CANCELLED", False)
     cli = run_sftq("cancel", job.id, env=live.env)
     assert cli.returncode == 5  # already CANCELLED
+
+
+def test_retry_and_queue_timeout_through_the_client_and_the_cli(
+    live: Live, tmp_path: Path
+) -> None:
+    # Issue 10, done when: retry and the queue timeout work through HTTP, the client and the
+    # CLI, here against the real stack (tests/clients/test_sftq_retry.py has the fake server).
+    payload = tmp_path / "sft.json"
+    payload.write_text(json.dumps(SFT_PAYLOAD))
+    env = live.env
+    with live.client() as sftq:
+        # A running job keeps the user busy (cap 1), so the next one can only wait.
+        running = sftq.submit("SFT", SFT_PAYLOAD, display_name="first", gpu_count=2)
+        live.tick()
+        assert sftq.get(running.id).state == "PROGRESS"
+
+        sub = run_sftq("submit", "--payload", str(payload), "--queue-timeout", "1s", "--json",
+                       env=env)  # fmt: skip
+        assert sub.returncode == 0, sub.stderr
+        waiting = json.loads(sub.stdout)["id"]
+        assert sftq.get(waiting).state == "QUEUED"
+        time.sleep(1.5)
+        live.tick()
+        timed_out = sftq.get(waiting)
+        assert timed_out.state == "CANCELLED", timed_out
+        assert timed_out.error and "timed out in the queue" in timed_out.error
+        last = sftq.list_events(waiting)[-1]
+        assert (last.type, last.state) == ("queue_timeout", "CANCELLED")
+        assert "queue timeout (1 second)" in last.message
+        assert run_sftq("wait", waiting, "--interval", "0.1", env=env).returncode == 11
+
+        # sftq retry, by the short id: a new QUEUED job that names the one it retries.
+        retried = run_sftq("retry", waiting[:8], env=env)
+        assert retried.returncode == 0, retried.stderr
+        assert f"a retry of {waiting}" in retried.stdout
+        new_id = retried.stdout.split()[1]
+        again = sftq.get(new_id)
+        assert (again.state, again.kind, again.retry_of) == ("QUEUED", "SFT", waiting)
+        shown = run_sftq("get", new_id, env=env)
+        assert f"retry_of:            {waiting}" in shown.stdout, shown.stdout
+
+        # Client.retry of a FAIL job: same kind, name and GPUs, at the back of the queue.
+        assert sftq.cancel(new_id).state == "CANCELLED"
+        live.finish(sftq.get(running.id), "JOB_STATE_FAILED", "loss went to NaN")
+        live.tick()
+        failed = sftq.get(running.id)
+        assert failed.state == "FAIL" and failed.failure_class is not None
+        assert "failure_class:" in run_sftq("get", running.id, env=env).stdout
+        result = sftq.retry(running.id, idempotency_key="live-retry")
+        assert (result.state, result.kind, result.retry_of) == ("QUEUED", "SFT", running.id)
+        assert sftq.retry(running.id, idempotency_key="live-retry").id == result.id
+        copy = sftq.get(result.id)
+        assert (copy.display_name, copy.gpu_count) == ("first", 2)
+        with pytest.raises(Conflict):
+            sftq.retry(result.id)  # QUEUED: nothing to retry
+    refused = run_sftq("retry", result.id, env=env)
+    assert refused.returncode == 5 and "job_not_retryable" in refused.stderr, refused.stderr

@@ -285,3 +285,87 @@ def test_root_runs_the_stack_from_a_private_folder_with_the_embedded_binaries(
     finally:
         for made in set(BINARY_CACHE.glob("postgres-*")) - cached_before:
             shutil.rmtree(made, ignore_errors=True)
+
+
+def _fake_installation(root: Path) -> Path:
+    """A tiny self-contained PostgreSQL layout (scripts for binaries); its bin/."""
+    for name in ("postgres", "initdb", "pg_ctl"):
+        tool = root / "bin" / name
+        tool.parent.mkdir(parents=True, exist_ok=True)
+        tool.write_text(f"#!/bin/sh\necho '{name} (PostgreSQL) 16.0'\n")
+        tool.chmod(0o755)
+    (root / "lib").mkdir()
+    (root / "lib" / "plpgsql.so").write_bytes(b"\0" * 16)
+    (root / "share" / "postgresql").mkdir(parents=True)
+    (root / "share" / "postgresql" / "postgres.bki").write_text("# catalog\n")
+    (root / "include").mkdir()
+    (root / "include" / "postgres.h").write_text("/* not copied */\n")
+    return root / "bin"
+
+
+def _links_to(real_bindir: Path, folder: Path) -> Path:
+    """A ~/bin-like folder: links to the server tools, among files that are not PostgreSQL's."""
+    folder.mkdir(parents=True)
+    for name in ("postgres", "initdb", "pg_ctl"):
+        (folder / name).symlink_to(real_bindir / name)
+    return folder
+
+
+def test_a_folder_of_symlinks_copies_the_installation_it_points_into(tmp_path: Path) -> None:
+    # Issue 18.1: SFTQ_PG_BINDIR=~/bin holding links to the real binaries. A copy takes the
+    # installation the links lead to, never the folder around the links (~, with everything).
+    from sftq_server.pgcluster import _copy_for_postgres
+
+    real = _fake_installation(tmp_path / "opt" / "pg16")
+    home = tmp_path / "home"
+    links = _links_to(real, home / "bin")
+    (home / "bin" / "my-script").write_text("#!/bin/sh\n")
+    (home / "projects").mkdir()
+    (home / "projects" / "big.dat").write_bytes(b"x" * 4096)
+
+    copied = _copy_for_postgres(links, tmp_path / "cache")
+    target = copied.parent
+    assert copied.name == "bin" and target.parent == tmp_path / "cache"
+    held = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
+    assert held == [".complete", "bin/initdb", "bin/pg_ctl", "bin/postgres", "lib/plpgsql.so",
+                    "share/postgresql/postgres.bki"]  # fmt: skip
+    assert not (copied / "postgres").is_symlink()
+
+
+def test_binaries_that_are_not_one_installation_are_refused_naming_sftq_pg_bindir(
+    tmp_path: Path,
+) -> None:
+    from sftq_server.pgcluster import ClusterError, _copy_for_postgres, installation_root
+
+    real = _fake_installation(tmp_path / "pg")
+    assert installation_root(_links_to(real, tmp_path / "ok")) == real.parent.resolve()
+    assert installation_root(real) == real.parent.resolve()
+
+    # Links into a folder that is not a bin/ of an installation.
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    for name in ("postgres", "initdb", "pg_ctl"):
+        shutil.copy2(real / name, loose / name)
+    # An installation without its share/ (initdb could not run from a copy of it).
+    bare = _fake_installation(tmp_path / "bare")
+    shutil.rmtree(bare.parent / "share")
+    # Tools from two installations.
+    other = _fake_installation(tmp_path / "other")
+    mixed = _links_to(real, tmp_path / "mixed")
+    (mixed / "initdb").unlink()
+    (mixed / "initdb").symlink_to(other / "initdb")
+    # A tool missing, or a dangling link.
+    missing = _links_to(real, tmp_path / "missing")
+    (missing / "pg_ctl").unlink()
+    (missing / "pg_ctl").symlink_to(tmp_path / "nowhere")
+
+    for bindir, why in (
+        (_links_to(loose, tmp_path / "to-loose"), "which is not a bin/ folder"),
+        (_links_to(bare, tmp_path / "to-bare"), "no share/ folder with postgres.bki"),
+        (mixed, "lead to different folders"),
+        (missing, "does not exist"),
+    ):
+        with pytest.raises(ClusterError) as caught:
+            _copy_for_postgres(bindir, tmp_path / "cache")
+        assert "SFTQ_PG_BINDIR" in str(caught.value) and why in str(caught.value), caught.value
+    assert not (tmp_path / "cache").exists()  # nothing was copied

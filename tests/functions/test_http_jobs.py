@@ -219,7 +219,8 @@ def test_payload_must_be_an_object(sapi: Api, skey: str, payload: Any) -> None:
                                "message": "fireworks_payload must be a JSON object"}]
 
 
-@pytest.mark.parametrize("kind", [None, "", "sft", "PPO", 1, ["SFT"], {"k": "SFT"}])
+# "sft" is SFT since issue 18.6; a non-ASCII look-alike (U+017F upper-cases to "S") is not.
+@pytest.mark.parametrize("kind", [None, "", "\u017fft", "PPO", 1, ["SFT"], {"k": "SFT"}])
 def test_kind_must_be_one_of_three(sapi: Api, skey: str, kind: Any) -> None:
     resp = sapi.post("/jobs", skey, json={"kind": kind, "fireworks_payload": {}})
     err = assert_error(resp, 400, "validation_error")

@@ -248,7 +248,11 @@ def test_server_side_failures_conform(settings: Settings, conformance: Conforman
     ({"fireworks_payload": {}}, False),
     ({"kind": "SFT", "fireworks_payload": None}, False),
     ({"kind": "SFT", "fireworks_payload": []}, False),
-    ({"kind": "sft", "fireworks_payload": {}}, False),
+    # Any case (issue 18.6), ASCII letters only: U+017F (long s) upper-cases to "S" in Python.
+    ({"kind": "sft", "fireworks_payload": {}}, True),
+    ({"kind": "dPo", "fireworks_payload": {}}, True),
+    ({"kind": "\u017fft", "fireworks_payload": {}}, False),
+    ({"kind": "sft ", "fireworks_payload": {}}, False),
     ({"kind": "SFT", "fireworks_payload": {}, "gpu_count": 65}, False),
     ({"kind": "SFT", "fireworks_payload": {}, "gpu_count": "4"}, False),
     ({"kind": "SFT", "fireworks_payload": {}, "display_name": "x" * 257}, False),
@@ -260,3 +264,11 @@ def test_submit_request_schema_agrees_with_the_server(api: Api, alice: str, body
     status = api.post("/jobs", alice, json=body).status_code
     assert schema_ok is accepted
     assert (status == 201) is accepted, status
+
+
+def test_a_kind_in_any_case_is_answered_in_upper_case(api: Api, alice: str) -> None:
+    # Issue 18.6: the body may say "sft"; the job is SFT, and every answer spells it so.
+    resp = api.post("/jobs", alice, json={"kind": "sft", "fireworks_payload": {}})
+    assert resp.status_code == 201, resp.get_data(as_text=True)
+    assert resp.json["kind"] == "SFT"
+    assert api.get(f"/jobs/{resp.json['id']}", alice).json["kind"] == "SFT"

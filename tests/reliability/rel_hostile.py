@@ -49,7 +49,8 @@ BODIES: list[tuple[str, bytes, set[int]]] = [
     ("two documents", _body(b"{}") + _body(b"{}"), {400}),
     ("kind as number", b'{"kind": 1, "fireworks_payload": {}}', {400}),
     ("kind as list", b'{"kind": ["SFT"], "fireworks_payload": {}}', {400}),
-    ("kind lowercase", b'{"kind": "sft", "fireworks_payload": {}}', {400}),
+    # Any case is accepted (issue 18.6) and stored upper case.
+    ("kind lowercase", b'{"kind": "sft", "fireworks_payload": {}}', {201}),
     ("kind with NUL", b'{"kind": "SFT\\u0000", "fireworks_payload": {}}', {400}),
     ("kind SQL", json.dumps({"kind": SQLISH[0], "fireworks_payload": {}}).encode(), {400}),
     ("payload as list", _body(b"[]"), {400}),

@@ -125,7 +125,7 @@ def print_json(value: BaseModel | Sequence[BaseModel]) -> None:
 
 
 def job_fields(job: Job) -> list[tuple[str, object]]:
-    return [
+    pairs: list[tuple[str, object]] = [
         ("id", job.id),
         ("kind", job.kind),
         ("state", job.state),
@@ -137,6 +137,12 @@ def job_fields(job: Job) -> list[tuple[str, object]]:
         ("fireworks_job_name", job.fireworks_job_name),
         ("error", job.error),
     ]
+    # Issue 10's fields, only when set: whether a FAIL is worth a retry, and what this retries.
+    if job.failure_class is not None:
+        pairs.append(("failure_class", job.failure_class))
+    if job.retry_of is not None:
+        pairs.append(("retry_of", job.retry_of))
+    return pairs
 
 
 def print_job(job: Job, as_json: bool) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -59,6 +60,24 @@ def queue_timeout(text: str) -> int:
             f"{text!r} is out of range: a queue timeout is 1 second to 30 days"
         )
     return seconds
+
+
+_KIND_AT_START: Final = re.compile(r"(sft|dpo|rft)[-_]")
+_KIND_AT_END: Final = re.compile(r"[-_](sft|dpo|rft)$")
+
+
+def kind_from_file_name(path: str) -> str | None:
+    """The kind a payload file's name tells, for ``submit`` without ``--kind``: its stem (the
+    name without its last extension) is sft, dpo or rft in any case, or starts with one followed
+    by - or _, or ends with one after - or _ (``examples/sft.json``, ``DPO-run.json``,
+    ``my_rft.json``). None when it tells none, or two (``sft-to-dpo.json``), or for stdin."""
+    if path == "-":
+        return None
+    stem = os.path.splitext(os.path.basename(path))[0].lower()
+    if stem.upper() in KINDS:
+        return stem.upper()
+    found = {m.group(1) for m in (_KIND_AT_START.match(stem), _KIND_AT_END.search(stem)) if m}
+    return found.pop().upper() if len(found) == 1 else None
 
 
 def _read_payload(path: str, kind: str) -> dict[str, Any]:
@@ -148,9 +167,12 @@ def _wait_and_report(
 
 
 def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
-    payload = _read_payload(args.payload, args.kind)
+    kind = args.kind or kind_from_file_name(args.payload)
+    if kind is None:
+        raise UsageError("--kind SFT|DPO|RFT is required (it could not be told from the file name)")
+    payload = _read_payload(args.payload, kind)
     result = ctx.client.submit(
-        args.kind,
+        kind,
         payload,
         display_name=args.display_name,
         gpu_count=args.gpu_count,
@@ -305,7 +327,12 @@ def _cmd_wait(args: argparse.Namespace, ctx: Context) -> int:
 
 def register(command: CommandFactory) -> None:
     p = command("submit", "enqueue a fine-tuning job")
-    p.add_argument("--kind", required=True, type=upper_choice(KINDS), help="SFT, DPO or RFT")
+    p.add_argument(
+        "--kind",
+        type=upper_choice(KINDS),
+        help="SFT, DPO or RFT (any case); default: the one the payload file's name tells "
+        "(sft.json, dpo-run.json, my_rft.json)",
+    )
     p.add_argument(
         "--payload",
         required=True,

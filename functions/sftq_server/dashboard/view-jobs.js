@@ -13,10 +13,17 @@ const STATES = ["QUEUED", "PROGRESS", "SUCCESS", "FAIL", "CANCELLED"];
 const KINDS = ["SFT", "DPO", "RFT"];
 let firstPaintMarked = false;
 
+/** `value` upper-cased if it is one of `names`, else "" (no filter). */
+function oneOf(names, value) {
+  const upper = (value || "").toUpperCase();
+  return names.includes(upper) ? upper : "";
+}
+
 export function mount(ctx) {
   const {api, main, route, navigate, notice} = ctx;
-  const state = STATES.includes(route.query.get("state")) ? route.query.get("state") : "";
-  const kind = KINDS.includes(route.query.get("kind")) ? route.query.get("kind") : "";
+  // Any case, as the API takes it: #/jobs?state=queued is the QUEUED filter (issue 18.6).
+  const state = oneOf(STATES, route.query.get("state"));
+  const kind = oneOf(KINDS, route.query.get("kind"));
   // Cursors of the pages seen so far: cursors[i] opens page i (page 0 has none).
   const cursors = [null];
   let page = 0;
