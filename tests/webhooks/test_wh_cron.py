@@ -117,6 +117,9 @@ def test_schedule_poke_and_catch_up(supa: Db, db_url: str) -> None:
     db = supa
     done = psql(db_url, "schedule_webhooks.sql", deliver_url=URL)
     assert done.returncode == 0, done.stderr
+    # The poke lives in the cron wiring's own schema, never in sftq (issue 16, item 3).
+    assert db.one("SELECT to_regproc('sftq_cron._webhook_poke') IS NOT NULL "
+                  "AND to_regproc('sftq._webhook_poke') IS NULL") is True
     (schedule, command), = db.conn.execute(
         "SELECT schedule, command FROM cron.job WHERE jobname = 'sftq-webhooks-deliver'"
     ).fetchall()
@@ -165,7 +168,8 @@ def test_schedule_poke_and_catch_up(supa: Db, db_url: str) -> None:
     done = psql(db_url, "unschedule_webhooks.sql")
     assert done.returncode == 0, done.stderr
     assert db.one("SELECT count(*) FROM cron.job") == 0
-    assert db.one("SELECT to_regproc('sftq._webhook_poke') IS NULL") is True
+    assert db.one("SELECT to_regproc('sftq_cron._webhook_poke') IS NULL "
+                  "AND to_regproc('sftq._webhook_poke') IS NULL") is True
     assert psql(db_url, "unschedule_webhooks.sql").returncode == 0
 
 
@@ -201,7 +205,8 @@ def test_the_script_refuses_bad_input_and_changes_nothing(
     assert SECRET not in done.stdout + done.stderr
     assert supa.one("SELECT count(*) FROM cron.job") == 0
     assert supa.one("SELECT count(*) FROM vault.secrets") == 0
-    assert supa.one("SELECT to_regproc('sftq._webhook_poke') IS NULL") is True
+    assert supa.one("SELECT to_regproc('sftq_cron._webhook_poke') IS NULL "
+                    "AND to_regproc('sftq._webhook_poke') IS NULL") is True
 
 
 def test_webhook_deliver_accepts_the_token_and_nothing_stale(
