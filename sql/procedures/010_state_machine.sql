@@ -92,8 +92,12 @@ BEGIN
     -- the same order as enqueue, so the two never deadlock). Lock the user row before
     -- looking for the next head: the statement after the lock sees every change
     -- committed by a concurrent cancel or enqueue of the same user, so the head can
-    -- never be set to a job that just left the queue, nor miss one that just joined.
-    PERFORM 1 FROM sftq.users u WHERE u.id = v_job.user_id FOR UPDATE;
+    -- never be set to a job that just left the queue; an enqueue still in flight updates
+    -- the head itself after this commits. FOR NO KEY UPDATE, the lock an UPDATE of the row
+    -- takes: it waits for the owner's other changes, but not for the KEY SHARE locks that
+    -- inserting a job (its foreign key) leaves on the row, so a group-commit enqueue holding
+    -- those on several owners never closes a cycle with it.
+    PERFORM 1 FROM sftq.users u WHERE u.id = v_job.user_id FOR NO KEY UPDATE;
     IF v_from = 'QUEUED' THEN
         SELECT j.id, j.created_at INTO v_next_id, v_next_at
           FROM sftq.jobs j
@@ -115,9 +119,12 @@ BEGIN
                THEN v_job.gpu_count * extract(epoch FROM v_job.completed_at - v_job.started_at) ELSE 0 END
      WHERE u.id = v_job.user_id;
 
+    IF v_from = 'QUEUED' THEN
+        PERFORM sftq._queue_left(v_job.created_at, v_job.id);  -- its stretch's count
+    END IF;
     PERFORM sftq._event(p_job_id, p_now, p_actor, p_event, p_to, p_detail, v_from, p_to);
     RETURN v_job;
 END
 $$;
 COMMENT ON FUNCTION sftq._transition(uuid, text, timestamptz, text, text, jsonb, text) IS
-    'Moves one job along the state machine, sets started_at/completed_at, keeps the owner''s counters and head, and writes the event row. Locking contract: locks the job row, then its owner''s user row. Callers take sftq._gate() first.';
+    'Moves one job along the state machine, sets started_at/completed_at, keeps the owner''s counters and head (and, for a job leaving the queue, its stretch''s count: sftq._queue_left), and writes the event row. Locking contract: locks the job row, then its owner''s user row. Callers take sftq._gate() first.';

@@ -35,6 +35,8 @@ DECLARE
     v_msg      text[];
     v_detail   text[];
     v_isnew    boolean[];
+    v_owners   bigint[];
+    v_updated  integer;
     v_hash     bytea[];
     v_ev_ids   uuid[];
     v_ev_at    timestamptz[];
@@ -56,12 +58,10 @@ BEGIN
     -- microsecond apart, in the order given: each keeps its own place.
     v_base := COALESCE(p_now, clock_timestamp());
 
-    -- One statement does the work for every request (the per-statement cost of each table,
+    -- One statement inserts the jobs of every request (the per-statement cost of the table,
     -- its constraints and indexes, is paid once): each request checked on its own (a bad
-    -- one gets its error and the others go on); the owners' rows locked in id order (two
-    -- batches never wait on each other in a cycle; a user disabled meanwhile is refused);
-    -- the jobs inserted (an Idempotency-Key used before inserts nothing: answered below);
-    -- the owners' counters and heads kept (admission reads them instead of the queue).
+    -- one gets its error and the others go on), an Idempotency-Key used before inserting
+    -- nothing (answered below).
     WITH items AS (
         SELECT t.o::int AS o, t.uid, t.kind, t.payload, t.name, COALESCE(t.gpus, 4) AS gpus,
                t.idem, t.timeout AS asked_timeout,
@@ -85,8 +85,6 @@ BEGIN
     ), owners AS (
         SELECT u.id, u.name FROM sftq.users u
          WHERE u.id IN (SELECT i.uid FROM items i WHERE i.bad IS NULL) AND u.disabled_at IS NULL
-         ORDER BY u.id
-           FOR NO KEY UPDATE
     ), ok AS (
         SELECT i.o, i.uid, i.kind, i.payload, i.name, i.gpus, i.idem, i.timeout, i.retry_of,
                gen_random_uuid() AS id,
@@ -111,26 +109,6 @@ BEGIN
           FROM ok ORDER BY ok.o
         ON CONFLICT (user_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING j.id, j.user_id, j.kind, j.created_at
-    ), upd AS (
-        UPDATE sftq.users u
-           SET queued_count = u.queued_count + a.jobs,
-               sft_count = u.sft_count + a.sft,
-               dpo_count = u.dpo_count + a.dpo,
-               rft_count = u.rft_count + a.rft,
-               head_job_id = CASE WHEN u.head_job_id IS NULL
-                                       OR (u.head_created_at, u.head_job_id) > (a.first_at, a.first_id)
-                                  THEN a.first_id ELSE u.head_job_id END,
-               head_created_at = CASE WHEN u.head_job_id IS NULL
-                                           OR (u.head_created_at, u.head_job_id) > (a.first_at, a.first_id)
-                                      THEN a.first_at ELSE u.head_created_at END
-          FROM (SELECT ins.user_id, count(*)::int AS jobs,
-                       count(*) FILTER (WHERE ins.kind = 'SFT')::int AS sft,
-                       count(*) FILTER (WHERE ins.kind = 'DPO')::int AS dpo,
-                       count(*) FILTER (WHERE ins.kind = 'RFT')::int AS rft,
-                       min(ins.created_at) AS first_at,
-                       (array_agg(ins.id ORDER BY ins.created_at, ins.id))[1] AS first_id
-                  FROM ins GROUP BY ins.user_id) a
-         WHERE u.id = a.user_id
     )
     -- Every array in request order: the aggregates read one sorted input (an aggregate fed
     -- by a sorted subquery keeps its order) rather than sorting once each. New jobs'
@@ -155,9 +133,52 @@ BEGIN
               LEFT JOIN owners w ON w.id = i.uid
              ORDER BY i.o) r;
 
-    -- Each new job's first event (queued; detail.retry_of for a retry).
     IF v_ev_ids IS NOT NULL THEN
+        -- The owners' counters and heads (admission reads them instead of the queue), after
+        -- the jobs, as every procedure takes a job row before its owner's: several owners in
+        -- id order, so two batches never wait on each other in a cycle. An owner disabled
+        -- since the check above refuses the whole batch (SQ401): the caller retries each
+        -- request alone, and that owner's are refused.
+        SELECT array_agg(DISTINCT t.uid) INTO v_owners
+          FROM unnest(p_user_ids, v_isnew) AS t(uid, isnew) WHERE t.isnew;
+        IF cardinality(v_owners) > 1 THEN
+            PERFORM 1 FROM sftq.users u WHERE u.id = ANY (v_owners) ORDER BY u.id
+               FOR NO KEY UPDATE;
+        END IF;
+        UPDATE sftq.users u
+           SET queued_count = u.queued_count + a.jobs,
+               sft_count = u.sft_count + a.sft,
+               dpo_count = u.dpo_count + a.dpo,
+               rft_count = u.rft_count + a.rft,
+               head_job_id = CASE WHEN u.head_job_id IS NULL
+                                       OR (u.head_created_at, u.head_job_id) > (a.first_at, a.first_id)
+                                  THEN a.first_id ELSE u.head_job_id END,
+               head_created_at = CASE WHEN u.head_job_id IS NULL
+                                           OR (u.head_created_at, u.head_job_id) > (a.first_at, a.first_id)
+                                      THEN a.first_at ELSE u.head_created_at END
+          FROM (SELECT t.uid, count(*)::int AS jobs,
+                       count(*) FILTER (WHERE t.kind = 'SFT')::int AS sft,
+                       count(*) FILTER (WHERE t.kind = 'DPO')::int AS dpo,
+                       count(*) FILTER (WHERE t.kind = 'RFT')::int AS rft,
+                       min(t.created) AS first_at,
+                       (array_agg(t.id ORDER BY t.created, t.id))[1] AS first_id
+                  FROM unnest(v_ids, p_user_ids, p_kinds, v_created, v_isnew)
+                       AS t(id, uid, kind, created, isnew)
+                 WHERE t.isnew
+                 GROUP BY t.uid) a
+         WHERE u.id = a.uid AND u.disabled_at IS NULL;
+        GET DIAGNOSTICS v_updated = ROW_COUNT;
+        IF v_updated < cardinality(v_owners) THEN
+            RAISE EXCEPTION USING ERRCODE = 'SQ401', MESSAGE = 'user not found or disabled';
+        END IF;
+
+        -- Each new job's first event (queued; detail.retry_of for a retry).
         PERFORM sftq._event_many(v_ev_ids, v_ev_at, v_ev_by, 'queued', 'QUEUED', v_ev_det);
+        -- A given clock may lie before the queue's seal (sql/procedures/062_queue_buckets.sql):
+        -- then the jobs join their stretches' counts. A job enqueued now never does.
+        IF p_now IS NOT NULL THEN
+            PERFORM sftq._queue_joined_sealed(v_ev_at, v_ev_ids);
+        END IF;
     END IF;
 
     -- Replays: the same key with the same body answers the first job; another body, SQ419.
@@ -203,7 +224,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sftq.enqueue_many(bigint[], text[], jsonb[], text[], integer[], text[], integer[], uuid[], integer, timestamptz) IS
-    'Adds QUEUED jobs, one per element of the arrays (p_user_ids[i] NULL: an unauthenticated request), in one transaction: one row per request in the order given, with the new job (or, for an Idempotency-Key used before with the same body, the first job and replayed = true) or the error that request alone gets (err_state SQ400, SQ401 or SQ419, err_message, err_detail as JSON text), as sftq.enqueue would raise it. Requests are a microsecond apart in FIFO order, in the order given. p_queue_timeouts (or else p_default_queue_timeout) sets how long each may stay QUEUED; p_retry_of names the job each retries. Writes each new job''s first event (queued, with detail.retry_of for a retry). Locking contract: admission gate (shared); then the owners'' user rows in id order (FOR NO KEY UPDATE, held for the counters and heads); then the new job rows.';
+    'Adds QUEUED jobs, one per element of the arrays (p_user_ids[i] NULL: an unauthenticated request), in one transaction: one row per request in the order given, with the new job (or, for an Idempotency-Key used before with the same body, the first job and replayed = true) or the error that request alone gets (err_state SQ400, SQ401 or SQ419, err_message, err_detail as JSON text), as sftq.enqueue would raise it. Requests are a microsecond apart in FIFO order, in the order given. p_queue_timeouts (or else p_default_queue_timeout) sets how long each may stay QUEUED; p_retry_of names the job each retries. Writes each new job''s first event (queued, with detail.retry_of for a retry). Locking contract: admission gate (shared); the new job rows; then the owners'' user rows (several: in id order) for the counters and heads, as every procedure takes a job row before its owner''s.';
 
 CREATE OR REPLACE FUNCTION sftq.enqueue(
     p_user_id                bigint,
@@ -241,4 +262,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sftq.enqueue(bigint, text, jsonb, text, integer, text, timestamptz, integer, uuid, integer) IS
-    'Adds a QUEUED job (sftq.enqueue_many for one). With an idempotency key, the same key and body returns the first job (replayed = true); a different body raises SQ419. p_queue_timeout_seconds (or else the operator''s p_default_queue_timeout) sets how long it may stay QUEUED before a tick cancels it; p_retry_of names the job it retries. Writes the job''s first event (queued, with detail.retry_of for a retry). Locking contract: admission gate (shared), the owner''s user row, then the new job row.';
+    'Adds a QUEUED job (sftq.enqueue_many for one). With an idempotency key, the same key and body returns the first job (replayed = true); a different body raises SQ419. p_queue_timeout_seconds (or else the operator''s p_default_queue_timeout) sets how long it may stay QUEUED before a tick cancels it; p_retry_of names the job it retries. Writes the job''s first event (queued, with detail.retry_of for a retry). Locking contract: admission gate (shared), the new job row, then the owner''s user row.';

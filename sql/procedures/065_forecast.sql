@@ -230,40 +230,32 @@ RETURNS TABLE (id uuid, display_name text, kind text, gpu_count integer, created
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    WITH mine AS (
+    WITH mine AS MATERIALIZED (
         SELECT q.*, row_number() OVER (ORDER BY q.created_at, q.id) AS k
           FROM (SELECT j.id, j.display_name, j.kind, j.gpu_count, j.created_at
                   FROM sftq.jobs j
                  WHERE j.user_id = p_user_id AND j.state = 'QUEUED'
                    AND (j.created_at, j.id) <= (p_upto_at, p_upto_id)) q
-    ), gaps AS (
-        -- queue_position (the contract's: other users' QUEUED jobs created earlier) in ONE
-        -- walk of jobs_queued_idx instead of one count from the queue's start per job:
-        -- n = every QUEUED job from my previous job (inclusive) up to this one (exclusive).
-        -- Mine are consecutive in FIFO order, so the running sum of n is the number of all
-        -- QUEUED jobs ahead of this one, of which k - 1 are mine. The counts touch only
-        -- (created_at, id) of the partial index, so they are index-only scans.
-        SELECT m.*,
-               (SELECT count(*) FROM sftq.jobs o
-                 WHERE o.state = 'QUEUED'
-                   AND (o.created_at, o.id) < (m.created_at, m.id)
-                   AND (o.created_at, o.id) >= (COALESCE(p.created_at, '-infinity'),
-                                                COALESCE(p.id, '00000000-0000-0000-0000-000000000000'))
-               ) AS n
-          FROM mine m
-          LEFT JOIN mine p ON p.k = m.k - 1
+    ), ahead AS (
+        -- QUEUED jobs ahead of each (sftq.queue_ahead: the stretch counts, not a walk of the
+        -- queue), of which k - 1 are the user's own: the rest is the contract's position.
+        SELECT a.* FROM sftq.queue_ahead((SELECT array_agg(m.created_at ORDER BY m.k) FROM mine m),
+                                         (SELECT array_agg(m.id ORDER BY m.k) FROM mine m)) a
     )
-    SELECT g.id, g.display_name, g.kind, g.gpu_count, g.created_at, g.k,
-           (sum(g.n) OVER (ORDER BY g.k) - (g.k - 1))::bigint
-      FROM gaps g
-     ORDER BY g.k
+    SELECT m.id, m.display_name, m.kind, m.gpu_count, m.created_at, m.k, a.ahead - (m.k - 1)
+      FROM mine m JOIN ahead a ON a.ord = m.k
+     ORDER BY m.k
 $$;
 COMMENT ON FUNCTION sftq.my_queue(bigint, timestamptz, uuid) IS
-    'The caller''s QUEUED jobs in FIFO order (all of them, or those up to and including (p_upto_at, p_upto_id)), with k (1 for their earliest) and queue_position = other users'' QUEUED jobs created earlier (the contract''s definition). Cost: one index-only walk of jobs_queued_idx up to the last listed job, O(its position). Reads only.';
+    'The caller''s QUEUED jobs in FIFO order (all of them, or those up to and including (p_upto_at, p_upto_id)), with k (1 for their earliest) and queue_position = other users'' QUEUED jobs created earlier (the contract''s definition). Cost: the caller''s queued jobs (jobs_user_queued_idx) and sftq.queue_ahead for them: the stretch counts once and a short range per job, whatever the length of the queue. Reads only.';
 
 -- ---------------------------------------------------------------------------------------
 -- The forecast: admission simulated forward from now.
 -- ---------------------------------------------------------------------------------------
+
+-- p_owners (several users at once) was added: drop the signature without it.
+DROP FUNCTION IF EXISTS sftq.forecast(bigint, uuid[], bigint[], text[], integer[], timestamptz,
+                                      integer, timestamptz, interval, float8, integer, integer);
 
 CREATE OR REPLACE FUNCTION sftq.forecast(
     p_user_id        bigint,
@@ -277,7 +269,8 @@ CREATE OR REPLACE FUNCTION sftq.forecast(
     p_tick_interval  interval DEFAULT interval '30 seconds',
     p_fixed_run      float8 DEFAULT NULL,
     p_window         integer DEFAULT 600,
-    p_max_steps      integer DEFAULT 300)
+    p_max_steps      integer DEFAULT 300,
+    p_owners         bigint[] DEFAULT NULL)
 RETURNS TABLE (job_id uuid, estimated_start_at timestamptz, basis text)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -344,12 +337,18 @@ DECLARE
     v_note       text;
     i            integer;
     -- No user: p_jobs are the first jobs of the whole queue, whoever they belong to.
-    v_all        boolean := p_user_id IS NULL;
+    v_all        boolean := p_user_id IS NULL AND p_owners IS NULL;
+    -- Several users: p_jobs are theirs (p_owners[i] owns p_jobs[i]), in FIFO order.
+    v_multi      boolean := p_owners IS NOT NULL;
+    w_is_mine    boolean[];
+    o_ok         boolean[];
+    o_cap        integer[];
+    o_prev       integer[];
 BEGIN
     IF p_jobs IS NULL OR cardinality(p_jobs) = 0 THEN
         RETURN;
     END IF;
-    IF v_all THEN
+    IF v_all OR v_multi THEN
         v_cap := 1; v_disabled := false;  -- per job: admission says who may run below
     ELSE
         SELECT usr.max_running, usr.disabled_at IS NOT NULL INTO v_cap, v_disabled
@@ -402,12 +401,15 @@ BEGIN
     SELECT a.*, b.*, (SELECT array_agg(wu.head ORDER BY wu.head) FROM wu
                        WHERE wu.ok AND wu.running_count < wu.max_running)
       FROM (SELECT array_agg(x.id), array_agg(x.uix), array_agg(x.gpu_count), array_agg(x.dur),
-                   array_agg(x.nxt), array_agg(x.ix) FILTER (WHERE v_all OR x.user_id = p_user_id)
+                   array_agg(x.nxt),
+                   array_agg(x.ix) FILTER (WHERE CASE WHEN v_multi THEN x.id = ANY (p_jobs)
+                                                      ELSE v_all OR x.user_id = p_user_id END),
+                   array_agg(v_multi AND x.id = ANY (p_jobs))
               FROM (SELECT * FROM wx ORDER BY wx.ix) x) a,
            (SELECT array_agg(y.user_id), array_agg(y.running_count), array_agg(y.max_running),
                    array_agg(y.ok), array_agg(y.head)
               FROM (SELECT * FROM wu ORDER BY wu.uix) y) b
-      INTO w_id, w_u, w_g, w_d, w_next, w_mine, u_ids, u_run, u_cap, u_ok, u_head, e;
+      INTO w_id, w_u, w_g, w_d, w_next, w_mine, w_is_mine, u_ids, u_run, u_cap, u_ok, u_head, e;
     v_n := COALESCE(cardinality(w_id), 0);
     ne := COALESCE(cardinality(e), 0);
     -- A full window may hide more jobs behind it.
@@ -495,7 +497,8 @@ BEGIN
             v_budget := v_budget - w_g[h];
             v_steps := v_steps + 1;
             u := w_u[h];
-            IF (v_all AND h <= v_mine_n) OR (NOT v_all AND u = v_my_u) THEN
+            IF (CASE WHEN v_multi THEN w_is_mine[h] WHEN v_all THEN h <= v_mine_n
+                     ELSE u = v_my_u END) THEN
                 v_mine_left := v_mine_left - 1;
             END IF;
             u_run[u] := u_run[u] + 1;
@@ -574,10 +577,26 @@ BEGIN
     v_note := CASE WHEN p_fixed_run IS NOT NULL
                    THEN format('fixed run time of %s per job', sftq._human_seconds(p_fixed_run::numeric))
                    ELSE 'run times from the provider''s progress or recent similar jobs' END;
+    IF v_multi THEN
+        -- Each job's owner, as that owner's own forecast sees it: whether they may run
+        -- anything, and their job `cap` places earlier (the cap admits theirs one by one).
+        SELECT array_agg(u.disabled_at IS NULL ORDER BY t.o), array_agg(u.max_running ORDER BY t.o),
+               array_agg(t.prev ORDER BY t.o)
+          INTO o_ok, o_cap, o_prev
+          FROM (SELECT t.uid, t.o,
+                       lag(t.o, GREATEST(usr.max_running, 1)) OVER (PARTITION BY t.uid ORDER BY t.o) AS prev
+                  FROM unnest(p_owners) WITH ORDINALITY AS t(uid, o)
+                  JOIN sftq.users usr ON usr.id = t.uid) t
+          JOIN sftq.users u ON u.id = t.uid;
+    END IF;
     FOR i IN 1 .. cardinality(p_jobs) LOOP
         job_id := p_jobs[i];
         v_ix := CASE WHEN i <= v_mine_n THEN w_mine[i] ELSE 0 END;
-        IF v_all AND v_ix > 0 AND (NOT u_ok[w_u[v_ix]] OR u_cap[w_u[v_ix]] <= 0) THEN
+        IF v_multi AND (NOT o_ok[i] OR o_cap[i] <= 0) THEN
+            estimated_start_at := NULL;
+            basis := CASE WHEN NOT o_ok[i] THEN 'no estimate: your account is disabled'
+                          ELSE 'no estimate: your cap on running jobs is 0' END;
+        ELSIF v_all AND v_ix > 0 AND (NOT u_ok[w_u[v_ix]] OR u_cap[w_u[v_ix]] <= 0) THEN
             -- Everyone's list: a job whose owner may not run anything, as that owner's own
             -- forecast says it.
             estimated_start_at := NULL;
@@ -594,7 +613,11 @@ BEGIN
                 THEN (SELECT count(*) FROM unnest(w_start[1:v_ix - 1]) s WHERE s IS NOT NULL)
                 ELSE v_steps END;
             v_est[i] := v_t + (GREATEST(v_ahead_left, 0) + 1) / v_rate;
-            IF NOT v_all AND i > v_cap AND v_est[i - v_cap] IS NOT NULL THEN
+            IF v_multi THEN
+                IF o_prev[i] IS NOT NULL AND v_est[o_prev[i]] IS NOT NULL THEN
+                    v_est[i] := GREATEST(v_est[i], v_est[o_prev[i]] + m_d[o_prev[i]]);
+                END IF;
+            ELSIF NOT v_all AND i > v_cap AND v_est[i - v_cap] IS NOT NULL THEN
                 v_est[i] := GREATEST(v_est[i], v_est[i - v_cap] + m_d[i - v_cap]);
             END IF;
             v_est[i] := v_base + ceil((v_est[i] - v_base) / v_tick) * v_tick;
@@ -612,12 +635,86 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION sftq.forecast(bigint, uuid[], bigint[], text[], integer[], timestamptz, integer, timestamptz, interval, float8, integer, integer) IS
-    'Estimated start of one user''s QUEUED jobs p_jobs (their FIFO order, as sftq.my_queue lists them; p_ahead = QUEUED jobs of anyone ahead of each, p_kinds/p_gpus their kind and GPUs), or with p_user_id NULL of the first jobs of the whole queue (p_jobs then the queue''s head in FIFO order: one simulation for everyone''s estimates, as GET /queue lists them), by simulating admission forward from p_now: the first p_window queued jobs under the rules of sftq._admission_walk (strict FIFO over the heads of users below their cap, one admission per user per walk, no backfill), a walk at each scheduler tick (on the grid through p_last_tick, every p_tick_interval) after a job ends, p_budget free GPUs to start with, running jobs ending when sftq.finish_estimate says and giving their GPUs back, queued jobs running for the median of recent similar jobs (sftq.median_run) or sftq.default_run_seconds(). It stops after p_max_steps admissions or where the window ends; jobs it did not place are extrapolated at its admission rate (and not before the user''s own earlier job ends), or get NULL with the reason in basis. p_fixed_run makes every run take that long (the baseline the estimate bench compares against). Cost is bounded by p_window and p_max_steps, not by the length of the queue. Reads only, takes no locks.';
+COMMENT ON FUNCTION sftq.forecast(bigint, uuid[], bigint[], text[], integer[], timestamptz, integer, timestamptz, interval, float8, integer, integer, bigint[]) IS
+    'Estimated start of one user''s QUEUED jobs p_jobs (their FIFO order, as sftq.my_queue lists them; p_ahead = QUEUED jobs of anyone ahead of each, p_kinds/p_gpus their kind and GPUs), or with p_user_id NULL of the first jobs of the whole queue (p_jobs then the queue''s head in FIFO order: one simulation for everyone''s estimates, as GET /queue lists them), or with p_owners the jobs of several users (p_owners[i] owns p_jobs[i], all in FIFO order: what each would get alone, from one simulation: the live stream''s queue frames), by simulating admission forward from p_now: the first p_window queued jobs under the rules of sftq._admission_walk (strict FIFO over the heads of users below their cap, one admission per user per walk, no backfill), a walk at each scheduler tick (on the grid through p_last_tick, every p_tick_interval) after a job ends, p_budget free GPUs to start with, running jobs ending when sftq.finish_estimate says and giving their GPUs back, queued jobs running for the median of recent similar jobs (sftq.median_run) or sftq.default_run_seconds(). It stops after p_max_steps admissions or where the window ends; jobs it did not place are extrapolated at its admission rate (and not before the user''s own earlier job ends), or get NULL with the reason in basis. p_fixed_run makes every run take that long (the baseline the estimate bench compares against). Cost is bounded by p_window and p_max_steps, not by the length of the queue. Reads only, takes no locks.';
 
 -- ---------------------------------------------------------------------------------------
 -- One user's queued jobs as they see them: position, why each waits, when it should start.
 -- ---------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION sftq.queue_view_many(
+    p_user_ids       bigint[],
+    p_now            timestamptz,
+    p_tick_interval  interval,
+    p_usage_grace    interval,
+    p_upto_at        timestamptz DEFAULT 'infinity',
+    p_upto_id        uuid DEFAULT 'ffffffff-ffff-ffff-ffff-ffffffffffff',
+    p_fixed_run      float8 DEFAULT NULL)
+RETURNS TABLE (user_id bigint, id uuid, display_name text, kind text, gpu_count integer,
+               created_at timestamptz, queue_position bigint, waiting_code text,
+               waiting_message text, estimated_start_at timestamptz, estimate_basis text)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- What each of these users sees of their queued jobs: for one user, GET /jobs/analytics/
+    -- queue; for every user with an open stream, the queue frames. The work is shared: one
+    -- lookup of the jobs ahead per job (sftq.queue_ahead), one admission walk, one forecast.
+    WITH st AS (
+        SELECT * FROM sftq.scheduler_status(p_now, p_tick_interval, p_usage_grace)
+    ), mine AS MATERIALIZED (
+        SELECT j.user_id, j.id, j.display_name, j.kind, j.gpu_count, j.created_at,
+               row_number() OVER (PARTITION BY j.user_id ORDER BY j.created_at, j.id) AS k,
+               row_number() OVER (ORDER BY j.created_at, j.id) AS g
+          FROM sftq.jobs j
+         WHERE j.user_id = ANY (p_user_ids) AND j.state = 'QUEUED'
+           AND (j.created_at, j.id) <= (p_upto_at, p_upto_id)
+    ), ahead AS MATERIALIZED (
+        -- QUEUED jobs of anyone ahead of each; k - 1 of them are the owner's own, the rest is
+        -- the contract's queue_position.
+        SELECT a.* FROM sftq.queue_ahead((SELECT array_agg(m.created_at ORDER BY m.g) FROM mine m),
+                                         (SELECT array_agg(m.id ORDER BY m.g) FROM mine m)) a
+    ), m AS (
+        SELECT mine.*, a.ahead, a.ahead - (mine.k - 1) AS queue_position
+          FROM mine JOIN ahead a ON a.ord = mine.g
+    ), usr AS (
+        SELECT u.id, u.disabled_at IS NOT NULL AS disabled, u.running_count, u.max_running
+          FROM sftq.users u WHERE u.id = ANY (p_user_ids)
+    ), walk AS (
+        -- The walk admission would make now with the quota as last read.
+        SELECT w.* FROM st CROSS JOIN LATERAL sftq._admission_walk(COALESCE(st.free_gpus, 0)) w
+    ), blocker AS (
+        SELECT w.job_id, w.created_at, w.gpu_count, w.budget_before FROM walk w WHERE NOT w.fits
+    ), fc AS (
+        -- One simulation for every job listed (sftq.forecast with p_owners): each user gets
+        -- what a forecast of their own jobs alone would say.
+        SELECT f.*
+          FROM st CROSS JOIN LATERAL sftq.forecast(
+                   NULL,
+                   (SELECT array_agg(x.id ORDER BY x.g) FROM m x),
+                   (SELECT array_agg(x.ahead ORDER BY x.g) FROM m x),
+                   (SELECT array_agg(x.kind ORDER BY x.g) FROM m x),
+                   (SELECT array_agg(x.gpu_count ORDER BY x.g) FROM m x),
+                   p_now, st.free_gpus, st.last_tick_at, p_tick_interval, p_fixed_run,
+                   p_owners => (SELECT array_agg(x.user_id ORDER BY x.g) FROM m x)) f
+         WHERE st.stalled IS NULL
+    )
+    SELECT m.user_id, m.id, m.display_name, m.kind, m.gpu_count, m.created_at, m.queue_position,
+           r.code, r.message, fc.estimated_start_at,
+           COALESCE(fc.basis, 'no estimate: the scheduler is not running normally (see waiting_reason)')
+      FROM m
+     CROSS JOIN st
+      JOIN usr ON usr.id = m.user_id
+      LEFT JOIN walk w ON w.job_id = m.id
+      LEFT JOIN blocker b ON true
+     CROSS JOIN LATERAL sftq.waiting_reason(
+           m.gpu_count, m.k - 1, usr.disabled, usr.running_count, usr.max_running,
+           w.fits, w.budget_before, b.gpu_count, b.budget_before,
+           (b.created_at, b.job_id) < (m.created_at, m.id), st.stalled) r
+      LEFT JOIN fc ON fc.job_id = m.id
+     ORDER BY m.user_id, m.k
+$$;
+COMMENT ON FUNCTION sftq.queue_view_many(bigint[], timestamptz, interval, interval, timestamptz, uuid, float8) IS
+    'The QUEUED jobs of several users (all, or up to and including (p_upto_at, p_upto_id)), each user''s in FIFO order, with queue_position (sftq.queue_ahead less the owner''s own jobs ahead), the waiting reason (sftq.waiting_reason over sftq._admission_walk with the budget sftq.scheduler_status gives: the walk admission would make with the quota as last read) and the estimated start (sftq.forecast over all of them at once; NULL while the scheduler is stalled). What a user gets does not depend on who else is listed. p_tick_interval and p_usage_grace are the deployment''s SFTQ_TICK_INTERVAL_SECONDS and SFTQ_USAGE_GRACE_SECONDS. Reads only, takes no locks.';
 
 CREATE OR REPLACE FUNCTION sftq.queue_view(
     p_user_id        bigint,
@@ -633,43 +730,10 @@ RETURNS TABLE (id uuid, display_name text, kind text, gpu_count integer, created
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    WITH st AS (
-        SELECT * FROM sftq.scheduler_status(p_now, p_tick_interval, p_usage_grace)
-    ), mine AS (
-        SELECT * FROM sftq.my_queue(p_user_id, p_upto_at, p_upto_id)
-    ), usr AS (
-        SELECT u.disabled_at IS NOT NULL AS disabled, u.running_count, u.max_running
-          FROM sftq.users u WHERE u.id = p_user_id
-    ), walk AS (
-        -- The walk admission would make now with the quota as last read.
-        SELECT w.* FROM st CROSS JOIN LATERAL sftq._admission_walk(COALESCE(st.free_gpus, 0)) w
-    ), blocker AS (
-        SELECT w.job_id, w.created_at, w.gpu_count, w.budget_before FROM walk w WHERE NOT w.fits
-    ), fc AS (
-        SELECT f.*
-          FROM st CROSS JOIN LATERAL sftq.forecast(
-                   p_user_id,
-                   (SELECT array_agg(m.id ORDER BY m.k) FROM mine m),
-                   (SELECT array_agg(m.queue_position + m.k - 1 ORDER BY m.k) FROM mine m),
-                   (SELECT array_agg(m.kind ORDER BY m.k) FROM mine m),
-                   (SELECT array_agg(m.gpu_count ORDER BY m.k) FROM mine m),
-                   p_now, st.free_gpus, st.last_tick_at, p_tick_interval, p_fixed_run) f
-         WHERE st.stalled IS NULL
-    )
-    SELECT m.id, m.display_name, m.kind, m.gpu_count, m.created_at, m.queue_position,
-           r.code, r.message, fc.estimated_start_at,
-           COALESCE(fc.basis, 'no estimate: the scheduler is not running normally (see waiting_reason)')
-      FROM mine m
-     CROSS JOIN st
-     CROSS JOIN usr
-      LEFT JOIN walk w ON w.job_id = m.id
-      LEFT JOIN blocker b ON true
-     CROSS JOIN LATERAL sftq.waiting_reason(
-           m.gpu_count, m.k - 1, usr.disabled, usr.running_count, usr.max_running,
-           w.fits, w.budget_before, b.gpu_count, b.budget_before,
-           (b.created_at, b.job_id) < (m.created_at, m.id), st.stalled) r
-      LEFT JOIN fc ON fc.job_id = m.id
-     ORDER BY m.k
+    SELECT v.id, v.display_name, v.kind, v.gpu_count, v.created_at, v.queue_position,
+           v.waiting_code, v.waiting_message, v.estimated_start_at, v.estimate_basis
+      FROM sftq.queue_view_many(ARRAY[p_user_id], p_now, p_tick_interval, p_usage_grace,
+                                p_upto_at, p_upto_id, p_fixed_run) v
 $$;
 COMMENT ON FUNCTION sftq.queue_view(bigint, timestamptz, interval, interval, timestamptz, uuid, float8) IS
-    'One user''s QUEUED jobs (all, or up to and including (p_upto_at, p_upto_id)) in FIFO order with queue_position (sftq.my_queue), the waiting reason (sftq.waiting_reason over sftq._admission_walk with the budget sftq.scheduler_status gives: the walk admission would make with the quota as last read) and the estimated start (sftq.forecast; NULL while the scheduler is stalled). p_tick_interval and p_usage_grace are the deployment''s SFTQ_TICK_INTERVAL_SECONDS and SFTQ_USAGE_GRACE_SECONDS. Reads only, takes no locks.';
+    'One user''s QUEUED jobs in FIFO order with queue_position, waiting reason and estimated start: sftq.queue_view_many for that user. Reads only, takes no locks.';

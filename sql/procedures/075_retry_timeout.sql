@@ -69,6 +69,13 @@ BEGIN
              ORDER BY j.queue_expires_at, j.id
              LIMIT p_limit
                FOR UPDATE SKIP LOCKED) x;
+    -- Then their owners' rows, in id order, before the first transition: a group-commit
+    -- enqueue (sftq.enqueue_many) holds several user rows at once, taken in id order, so
+    -- taking ours in the same order closes no cycle with it.
+    PERFORM 1 FROM sftq.users u
+     WHERE u.id IN (SELECT j.user_id FROM sftq.jobs j WHERE j.id = ANY (v_ids))
+     ORDER BY u.id
+       FOR NO KEY UPDATE;
     FOREACH v_id IN ARRAY COALESCE(v_ids, '{}') LOOP
         SELECT * INTO v_job FROM sftq.jobs j WHERE j.id = v_id;
         CONTINUE WHEN v_job.state <> 'QUEUED';
@@ -84,7 +91,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sftq.expire_queued(timestamptz, integer) IS
-    'Cancels up to p_limit QUEUED jobs whose queue timeout has run out (queue_expires_at <= p_now), oldest deadline first: QUEUED -> CANCELLED with a queue_timeout event and an error saying it timed out in the queue. Answers how many. Locking contract: gate (shared), then the expired job rows (SKIP LOCKED, in deadline order: a job being cancelled is left to that cancel), then each one''s user row, for which it may wait on a concurrent change of the same user; that change never waits for the rows the sweep holds, so there is no cycle.';
+    'Cancels up to p_limit QUEUED jobs whose queue timeout has run out (queue_expires_at <= p_now), oldest deadline first: QUEUED -> CANCELLED with a queue_timeout event and an error saying it timed out in the queue. Answers how many. Locking contract: gate (shared), then the expired job rows (SKIP LOCKED, in deadline order: a job being cancelled is left to that cancel), then their owners'' user rows in id order (as sftq.enqueue_many takes several), for which it may wait on a concurrent change of those users; a change that holds one user row never waits for the rows the sweep holds, and one that holds several took them in the same order, so there is no cycle.';
 
 -- ---------------------------------------------------------------------------
 -- HTTP entry points (SECURITY DEFINER, like sql/procedures/100_api.sql)

@@ -183,6 +183,24 @@ def test_random_interleavings_keep_cap_fifo_budget_and_transitions(db_url: str, 
                     )
                 time.sleep(0.002)
 
+    def batcher(seed: int) -> None:
+        # Group-commit enqueues over several users at once (they hold several user rows),
+        # and the queue-timeout sweep (it does too): neither may close a lock cycle.
+        rng = random.Random(seed)
+        with psycopg.connect(db_url, autocommit=True) as c:
+            while time.monotonic() < stop:
+                some = rng.sample(users, rng.randint(2, 4))
+                n = len(some)
+                c.execute(
+                    "SELECT * FROM sftq.enqueue_many(%s::bigint[], %s::text[], %s::jsonb[], "
+                    "%s::text[], %s::int[], %s::text[], %s::int[])",
+                    (some, [rng.choice(["SFT", "DPO", "RFT"]) for _ in some], ["{}"] * n,
+                     [None] * n, [rng.choice([1, 2, 4, 8]) for _ in some], [None] * n,
+                     [rng.choice([None, 1]) for _ in some]),
+                ).fetchall()
+                if rng.random() < 0.2:
+                    c.execute("SELECT sftq.expire_queued()")
+
     def admitter() -> None:
         with psycopg.connect(db_url) as c:
             while time.monotonic() < stop:
@@ -209,6 +227,7 @@ def test_random_interleavings_keep_cap_fifo_budget_and_transitions(db_url: str, 
     threads = [threading.Thread(target=run, args=(producer, i)) for i in range(4)]
     threads += [threading.Thread(target=run, args=(finisher, 10 + i)) for i in range(2)]
     threads += [threading.Thread(target=run, args=(admitter,)) for _ in range(2)]
+    threads += [threading.Thread(target=run, args=(batcher, 20 + i)) for i in range(2)]
     for th in threads:
         th.start()
     for th in threads:
