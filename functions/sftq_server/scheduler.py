@@ -12,7 +12,8 @@ One tick, in order (docs/scheduling.md explains each step and what happens on fa
  5. cancel queued jobs whose queue timeout ran out (no provider call);
  6. read the live quota (401/403 here: our credentials are refused; nothing else runs);
  7. retry creates an earlier tick left unfinished, under the same provider id, once their
-    backoff has passed; give up on those out of attempts or time (after one last GET);
+    backoff has passed; give up on those out of attempts or time (after one last GET, which
+    is itself retried under the backoff a few times at most when it cannot be made);
  8. admit under the exclusive admission gate (sftq.admit_for_quota) with that quota;
  9. create the admitted jobs at the provider;
 10. if anything was created, read the quota again: what it shows of our new jobs stops
@@ -101,6 +102,7 @@ class _Work(NamedTuple):
     admitted_seconds: float | None
     provider_checked_at: datetime | None
     last_submit_error: str | None
+    last_check_failures: int
 
     @property
     def provider_id(self) -> str:
@@ -436,11 +438,14 @@ class _Tick:
         # of the others, tick after tick.
         pending.sort(key=lambda w: w.submit_attempts)
         for w in pending:
-            if not w.submit_due and not self._exhausted(w):
+            exhausted = self._exhausted(w)
+            # Out of attempts or time, the first final check is made at once; one that could
+            # not be made waits out the backoff like a create.
+            if not w.submit_due and not (exhausted and w.last_check_failures == 0):
                 continue  # still in its backoff
             self.lease.keep()
             self.check_provider()
-            if self._exhausted(w):
+            if exhausted:
                 self.last_check(w.job_id, w.kind)
             else:
                 self.submit(w.job_id, w.kind, w.fireworks_payload or {}, w.gpu_count)
@@ -493,7 +498,14 @@ class _Tick:
 
     def last_check(self, job_id: uuid.UUID, kind: str) -> None:
         """Out of attempts or time: does a provider job exist under the id after all (an
-        answer lost on the way back)? Adopt it; if not, give up on the job."""
+        answer lost on the way back)? Adopt it; if not, give up on the job.
+
+        A check that cannot be made (5xx, a timeout, a 401/403 for this job while the
+        account answers) is retried under the backoff, a few times only: then the job gives
+        up too, saying so (sftq.record_submit_failure keeps the count and the bound). Bad
+        credentials for the whole account decide nothing and change no job (refused()
+        raises _ProviderDown).
+        """
         pid = provider_job_id(job_id)
         try:
             pj = self.provider.get_job(kind, pid)
@@ -506,13 +518,27 @@ class _Tick:
         except AuthError as exc:
             if self.refused(exc, f"submit {job_id}: last check"):
                 self.error(f"submit {job_id}: last check refused for this job: {exc}")
+            self._check_failed(job_id, exc)
             return
         except ProviderError as exc:
-            # Cannot tell yet: the next tick checks again (never a second create).
+            # Cannot tell yet: a later tick checks again (never a second create).
             self.provider_failed(exc, f"submit {job_id}: last check")
+            self._check_failed(job_id, exc)
             return
         self.provider_ok()
         self._record_submitted(job_id, kind, pid, pj, adopted=True)
+
+    def _check_failed(self, job_id: uuid.UUID, exc: ProviderError) -> None:
+        # Recorded as a failure with no create attempt left (max attempts 0): the database
+        # counts it as a final check that could not be made, backs off, and at its bound
+        # ends the job FAIL retryable with this answer as the reason.
+        s = self.settings
+        answer = _as_dict(self.call(
+            sql.RECORD_SUBMIT_FAILURE,
+            (job_id, _short(str(exc)), True, 0, s.submit_max_seconds, s.submit_backoff_seconds),
+            f"submit {job_id}: last check"))
+        if self.ended(job_id, answer.get("state")):
+            self.gave_up += 1
 
     def _record_submitted(self, job_id: uuid.UUID, kind: str, pid: str, pj: ProviderJob, *,
                           adopted: bool) -> None:

@@ -94,14 +94,16 @@ CREATE OR REPLACE TRIGGER jobs_failure_class
 -- the tick's view of PROGRESS jobs
 -- ---------------------------------------------------------------------------
 
--- The answer grew columns (backoff, the last check): a new return type needs a drop.
+-- The answer grew columns (backoff, the last check and its failures): a new return type
+-- needs a drop.
 DROP FUNCTION IF EXISTS sftq.scheduler_work();
 CREATE FUNCTION sftq.scheduler_work()
 RETURNS TABLE (job_id uuid, kind text, user_id bigint, gpu_count integer, started_at timestamptz,
                submitted_at timestamptz, fireworks_job_name text, cancel_requested_at timestamptz,
                provider_state text, submit_attempts integer, fireworks_payload jsonb,
                submit_due boolean, admitted_seconds double precision,
-               provider_checked_at timestamptz, last_submit_error text)
+               provider_checked_at timestamptz, last_submit_error text,
+               last_check_failures integer)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -110,13 +112,13 @@ AS $$
            CASE WHEN j.submitted_at IS NULL THEN j.fireworks_payload END,
            j.submitted_at IS NULL AND (j.next_submit_at IS NULL OR j.next_submit_at <= now()),
            extract(epoch FROM now() - j.started_at)::double precision,
-           j.provider_checked_at, j.last_submit_error
+           j.provider_checked_at, j.last_submit_error, j.last_check_failures
       FROM sftq.jobs j
      WHERE j.state = 'PROGRESS'
      ORDER BY j.started_at, j.id
 $$;
 COMMENT ON FUNCTION sftq.scheduler_work() IS
-    'Every PROGRESS job with what the tick needs: unsubmitted ones (with their payload, whether their backoff has passed, and how long ago they were admitted) to submit or give up on, submitted ones (with when they were last checked) to reconcile, requested cancels to finish. Reads only.';
+    'Every PROGRESS job with what the tick needs: unsubmitted ones (with their payload, whether their backoff has passed, how long ago they were admitted, and how many final checks failed) to submit, check or give up on, submitted ones (with when they were last checked) to reconcile, requested cancels to finish. Reads only.';
 
 -- ---------------------------------------------------------------------------
 -- submissions
@@ -176,13 +178,16 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- The final check is made at most this many times (docs/scheduling.md, Faults).
+    c_max_checks CONSTANT integer := 4;
     v_job       sftq.jobs;
     v_attempt   integer;
+    v_checks    integer;
     v_next      timestamptz;
 BEGIN
-    IF NOT p_transient THEN
-        PERFORM sftq._gate();
-    END IF;
+    -- The gate first, always: a rejection ends the job here, and so does a final check
+    -- that failed once too often, which this call only learns under the job's row lock.
+    PERFORM sftq._gate();
     SELECT * INTO v_job FROM sftq.jobs WHERE id = p_job_id FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'SQ404', MESSAGE = 'job not found';
@@ -190,6 +195,32 @@ BEGIN
     IF v_job.state <> 'PROGRESS' OR v_job.submitted_at IS NOT NULL THEN
         RETURN jsonb_build_object('state', v_job.state, 'attempts', v_job.submit_attempts,
                                   'exhausted', false);
+    END IF;
+    IF p_transient AND v_job.submit_attempts >= p_max_attempts THEN
+        -- No create attempt was left, so this failure is the final check's: the GET of the
+        -- job's provider id that would find a job a lost create answer left behind (the
+        -- tick passes p_max_attempts 0 for it). It could not tell, so it is tried again
+        -- under the same backoff, c_max_checks times in all; then the job gives up, saying
+        -- that the check could not be made and why. A create is never sent again.
+        v_checks := v_job.last_check_failures + 1;
+        IF v_checks >= c_max_checks THEN
+            UPDATE sftq.jobs SET last_check_failures = v_checks, last_check_error = p_error
+             WHERE id = p_job_id;
+            RETURN jsonb_build_object(
+                'state', sftq.give_up_submission(p_job_id, p_now),
+                'attempts', v_job.submit_attempts, 'final_checks', v_checks, 'exhausted', true);
+        END IF;
+        v_next := p_now + make_interval(secs => least(
+            p_backoff_seconds * power(2, v_job.submit_attempts + v_checks - 1), 600));
+        UPDATE sftq.jobs SET last_check_failures = v_checks, next_submit_at = v_next
+         WHERE id = p_job_id;
+        PERFORM sftq._event(p_job_id, p_now, 'scheduler', 'final_check_failed', v_job.state,
+                jsonb_build_object('error', left(p_error, 2000), 'final_check', v_checks,
+                                   'max_checks', c_max_checks, 'attempts', v_job.submit_attempts,
+                                   'next_check_at', sftq._iso(v_next)));
+        RETURN jsonb_build_object('state', 'PROGRESS', 'attempts', v_job.submit_attempts,
+                                  'final_checks', v_checks, 'next_attempt_at', sftq._iso(v_next),
+                                  'exhausted', true);
     END IF;
     v_attempt := v_job.submit_attempts + 1;
     IF p_transient THEN
@@ -217,7 +248,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sftq.record_submit_failure(uuid, text, boolean, integer, double precision, double precision, timestamptz) IS
-    'A failed create. Transient: stays PROGRESS (last_submit_error, a submit_retry event, next_submit_at after an exponential backoff capped at 10 min) and answers whether the job ran out of attempts (p_max_attempts) or time since admission (p_max_seconds). Rejected: PROGRESS -> FAIL, failure_class permanent, the provider''s body verbatim in error, event failed with reason submission_rejected. Locking contract: gate (shared) for a rejection, then the job row and its user row.';
+    'A failed create, or a failed final check. Transient create: stays PROGRESS (last_submit_error, a submit_retry event, next_submit_at after an exponential backoff capped at 10 min) and answers whether the job ran out of attempts (p_max_attempts) or time since admission (p_max_seconds). Transient with no create attempt left (submit_attempts >= p_max_attempts; the tick passes 0 for its final check): the final check could not be made; last_check_failures counts it, a final_check_failed event and the same backoff follow, and the 4th such failure gives up (last_check_error, then sftq.give_up_submission: FAIL retryable, saying the check could not be made and why). Rejected: PROGRESS -> FAIL, failure_class permanent, the provider''s body verbatim in error, event failed with reason submission_rejected. Locking contract: gate (shared), then the job row and (when it ends) its user row.';
 
 -- The old entry point (tests and tools call it): the default bounds.
 CREATE OR REPLACE FUNCTION sftq.record_submit_error(
@@ -259,6 +290,7 @@ DECLARE
     v_job      sftq.jobs;
     v_seconds  bigint;
     v_error    text;
+    v_detail   jsonb;
 BEGIN
     PERFORM sftq._gate();
     SELECT * INTO v_job FROM sftq.jobs WHERE id = p_job_id FOR UPDATE;
@@ -274,17 +306,26 @@ BEGIN
     v_error := format('gave up submitting to the provider after %s failed attempt%s over %s s; last provider answer: %s',
                       v_job.submit_attempts, CASE WHEN v_job.submit_attempts = 1 THEN '' ELSE 's' END,
                       v_seconds, COALESCE(v_job.last_submit_error, 'none'));
+    v_detail := jsonb_build_object('reason', 'submission_gave_up', 'failure_class', 'retryable',
+                                   'attempts', v_job.submit_attempts, 'seconds', v_seconds,
+                                   'last_error', left(v_job.last_submit_error, 2000));
+    IF v_job.last_check_error IS NOT NULL THEN
+        -- Given up because the final check could not be made (sftq.record_submit_failure):
+        -- nobody could tell whether one of the creates reached the provider after all.
+        v_error := v_error || format('; the final check for a provider job under its id could not be made (%s tr%s, the last answer: %s)',
+                                     v_job.last_check_failures,
+                                     CASE WHEN v_job.last_check_failures = 1 THEN 'y' ELSE 'ies' END,
+                                     v_job.last_check_error);
+        v_detail := v_detail || jsonb_build_object('final_check_failures', v_job.last_check_failures,
+                                                   'final_check_error', left(v_job.last_check_error, 2000));
+    END IF;
     UPDATE sftq.jobs SET failure_class = 'retryable', next_submit_at = NULL WHERE id = p_job_id;
-    v_job := sftq._transition(p_job_id, 'FAIL', p_now, 'scheduler', 'failed',
-                              jsonb_build_object('reason', 'submission_gave_up', 'failure_class', 'retryable',
-                                                 'attempts', v_job.submit_attempts, 'seconds', v_seconds,
-                                                 'last_error', left(v_job.last_submit_error, 2000)),
-                              v_error);
+    v_job := sftq._transition(p_job_id, 'FAIL', p_now, 'scheduler', 'failed', v_detail, v_error);
     RETURN v_job.state;
 END
 $$;
 COMMENT ON FUNCTION sftq.give_up_submission(uuid, timestamptz) IS
-    'Ends an unsubmitted PROGRESS job whose creates kept failing (the tick has checked that no provider job exists under its id): PROGRESS -> FAIL, failure_class retryable, an error that says how many attempts over how long and the last provider answer. The transition frees its user''s slot and its GPUs in the same transaction. A no-op on a job submitted, cancelled or ended meanwhile. Locking contract: gate (shared), the job row, then its user row.';
+    'Ends an unsubmitted PROGRESS job whose creates kept failing: PROGRESS -> FAIL, failure_class retryable, an error that says how many attempts over how long and the last provider answer. Called when the final check found no provider job under the id (a 404), or by sftq.record_submit_failure when that check could not be made at its bound (last_check_error set): the error then also says so, how many tries, and the last answer. The transition frees its user''s slot and its GPUs in the same transaction. A no-op on a job submitted, cancelled or ended meanwhile. Locking contract: gate (shared), the job row, then its user row.';
 
 -- ---------------------------------------------------------------------------
 -- the provider's state and progress

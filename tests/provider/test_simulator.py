@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sftq_server.provider import FireworksClient, Transient
 from sftq_server.simulator import Simulator, SimulatorServer, job_gpus
 
 BASE = "/v1/accounts/sim-account"
@@ -392,6 +393,38 @@ def test_usage_lag(http: httpx.Client, sim: Simulator, advance: Callable[[float]
     advance(5)
     assert http.get(f"{BASE}/quotas/training-h200-count").json()["usage"] == 4
     assert sim.jobs()[0]["sim"]["countsInUsage"] is True
+
+
+def test_creates_over_the_quota_are_counted_and_refused_when_enforced(
+    http: httpx.Client, sim: Simulator, client: FireworksClient
+) -> None:
+    """The quota is judged on what the account really holds (the lag aside): a create with no
+    room is counted always, and refused with 429 quota_exceeded only when enforced."""
+    sim.set_quota(max_value=16, value=8, usage_lag_seconds=60, external_usage=2)
+    assert _create(http, "dpoJobs", "fits", {"dataset": "d"}).status_code == 200  # 2 + 4 of 8
+    quota = sim.quota()
+    assert (quota["quota"]["usage"], quota["true_usage"], quota["over_quota_creates"]) == (2, 6, 0)
+    # usage says 2 (the lag), but 6 of min(value, maxValue) = 8 are held: no room for 4.
+    assert _create(http, "dpoJobs", "over", {"dataset": "d"}).status_code == 200
+    assert sim.quota()["over_quota_creates"] == 1
+    settings = http.post("/_sim/quota", json={"enforce_quota": True}).json()
+    assert settings["enforce_quota"] is True and settings["true_usage"] == 10
+    refused = _create(http, "dpoJobs", "refused", {"dataset": "d"})
+    assert "quota_exceeded" in _google_error(refused, 429, 8)
+    assert "refused" not in {j["name"].rsplit("/", 1)[-1] for j in sim.jobs()}  # not applied
+    assert sim.quota()["over_quota_creates"] == 2
+    # A retried create of a job that exists answers 409 first, never a quota refusal.
+    assert _create(http, "dpoJobs", "fits", {"dataset": "d"}).status_code == 409
+    # The provider client sees a transient failure (retry later), not a rejection.
+    with pytest.raises(Transient) as raised:
+        client.create_job("DPO", "refused", {"dataset": "d"}, gpu_count=1)
+    assert raised.value.status == 429 and "quota_exceeded" in str(raised.value)
+    http.delete(f"{BASE}/dpoJobs/over")
+    http.delete(f"{BASE}/dpoJobs/fits")
+    assert _create(http, "dpoJobs", "refused", {"dataset": "d"}).status_code == 200
+    _google_error(http.post("/_sim/quota", json={"enforce_quota": "yes"}), 400, 3)
+    sim.reset()
+    assert (sim.quota()["enforce_quota"], sim.quota()["over_quota_creates"]) == (False, 0)
 
 
 @pytest.mark.parametrize(

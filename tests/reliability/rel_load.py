@@ -3,11 +3,13 @@ it briefly against a deliberately broken database and expect the checks to objec
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +18,7 @@ from rel_support import (
     FW_KEY,
     ClientStats,
     FaultySim,
+    budget_violations,
     cap_violations,
     connect,
     counts,
@@ -23,13 +26,16 @@ from rel_support import (
     fifo_violations,
     finisher,
     gpu_violations,
+    install_budget_oracle,
     install_fifo_oracle,
     join_all,
     lost_violations,
     make_users,
     oracle_violations,
+    provider_quota_violations,
     rel_settings,
     run_clients,
+    set_true_external,
     transition_violations,
 )
 
@@ -51,6 +57,9 @@ class LoadParams:
     seed: int = 1
     # Seconds before the provider's usage counts a new job (Fireworks' usage lags).
     usage_lag: float = 0.0
+    # External usage (GPUs used outside the queue) moves among these values, up and down,
+    # between ticks; empty: none.
+    external: tuple[int, ...] = ()
 
 
 @dataclass
@@ -76,6 +85,65 @@ class TickStats:
                     self.violations.setdefault(name, []).extend(items)
 
 
+class TickGate:
+    """Ticks run inside `tick()`, any number at once; `between_ticks(change)` waits until no
+    tick runs, holds new ones back, and makes its change then. So the provider's external
+    usage stays what a tick read from its quota reading to its last create, and the budget
+    oracle knows the true external usage at each admission."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._changing = False
+
+    @contextlib.contextmanager
+    def tick(self) -> Iterator[None]:
+        with self._cond:
+            while self._changing:
+                self._cond.wait()
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+    def between_ticks(self, change: Callable[[], None]) -> None:
+        with self._cond:
+            self._changing = True  # no tick starts from here on
+            while self._running:
+                self._cond.wait()
+        try:
+            change()
+        finally:
+            with self._cond:
+                self._changing = False
+                self._cond.notify_all()
+
+
+def external_mover(sim: FaultySim, gate: TickGate, db_url: str, values: tuple[int, ...],
+                   stop: threading.Event, deadline: float, rng: random.Random,
+                   moves: Counter[str]) -> None:
+    """Moves the simulator's external usage to another of `values` every 0.1 to 0.4 s,
+    between ticks, and tells the budget oracle the true value each time."""
+    current = 0
+    with connect(db_url) as conn:
+        rounds = 0
+        while not stop.is_set() and time.monotonic() < deadline and rounds < 100_000:
+            rounds += 1
+            stop.wait(rng.uniform(0.1, 0.4))
+            new = rng.choice([v for v in values if v != current] or [current])
+
+            def change(new: int = new) -> None:
+                sim.set_quota(external_usage=new)
+                set_true_external(conn, new)
+
+            gate.between_ticks(change)
+            moves["up" if new > current else "down" if new < current else "same"] += 1
+            current = new
+
+
 @dataclass
 class LoadResult:
     clients: ClientStats
@@ -99,6 +167,8 @@ def check_between_ticks(conn: Any, sim: FaultySim, quota: int,
         "cap": cap_violations(conn),
         "gpus": gpu_violations(conn, quota)
         + ([f"the provider holds {held} GPUs of ours, quota {quota}"] if held > quota else []),
+        "gpus at admission (in-transaction)": budget_violations(conn),
+        "gpus at the provider": provider_quota_violations(sim),
         "fifo (event log)": fifo,
         "fifo (in-transaction)": oracle_violations(conn),
         "created once": created_once_violations(conn, sim, final=False),
@@ -107,7 +177,8 @@ def check_between_ticks(conn: Any, sim: FaultySim, quota: int,
 
 def _tick_worker(i: int, db: Database, settings: Settings, sim: FaultySim, sim_url: str,
                  db_url: str, quota: int, deadline: float, stop: threading.Event,
-                 stats: TickStats, rng: random.Random, max_ticks: int = 100_000) -> None:
+                 stats: TickStats, rng: random.Random, gate: TickGate,
+                 max_ticks: int = 100_000) -> None:
     since = 0
     with FireworksClient(base_url=sim_url, api_key=FW_KEY, account_id=ACCOUNT,
                          timeout=5.0) as provider, connect(db_url) as conn:
@@ -115,7 +186,8 @@ def _tick_worker(i: int, db: Database, settings: Settings, sim: FaultySim, sim_u
         while n < max_ticks and time.monotonic() < deadline and not stop.is_set():
             n += 1
             try:
-                result = run_tick(db, provider, settings, holder=f"load-{i}")
+                with gate.tick():
+                    result = run_tick(db, provider, settings, holder=f"load-{i}")
             except Exception as exc:  # noqa: BLE001 - reported by the test, not lost in a thread
                 with stats.lock:
                     stats.problems.append(f"tick {i}: {type(exc).__name__}: {exc}")
@@ -137,6 +209,7 @@ def run_load(db_url: str, make_sim: Any, make_gateway: Any, p: LoadParams) -> Lo
     sim, sim_server = make_sim(job_seconds=p.job_seconds, max_value=p.quota)
     if p.usage_lag:
         sim.set_quota(usage_lag_seconds=p.usage_lag)
+    gate = TickGate()
     settings = rel_settings(db_url, sim_server.url, tick_lease_seconds=1.0)
     # Every other ticker takes a lease far shorter than its tick: the next ticker takes over
     # while it still runs, so ticks really overlap (admitting and creating side by side, as
@@ -146,12 +219,14 @@ def run_load(db_url: str, make_sim: Any, make_gateway: Any, p: LoadParams) -> Lo
     gateway = make_gateway(settings)
     with connect(db_url) as conn:
         install_fifo_oracle(conn)
+        install_budget_oracle(conn, p.quota)
         users = make_users(conn, p.users, keys_per_user=2, caps={0: 2, 1: 2})
 
     db = Database(db_url, max_size=8, timeout=5.0)
     stop = threading.Event()
     tick_stats = TickStats()
     finished: Counter[str] = Counter()
+    moves: Counter[str] = Counter()
     started = time.monotonic()
     deadline = started + p.seconds
     try:
@@ -161,15 +236,21 @@ def run_load(db_url: str, make_sim: Any, make_gateway: Any, p: LoadParams) -> Lo
                                     args=(i, db, overlapping if i % 2 else settings, sim,
                                           sim_server.url, db_url, p.quota,
                                           deadline, stop, tick_stats,
-                                          random.Random(rng.random())))
+                                          random.Random(rng.random()), gate))
                    for i in range(p.tickers)]
         fin = threading.Thread(target=finisher, name="rel-finisher",
                                args=(sim, stop, deadline, random.Random(rng.random()), finished))
-        for t in (*tickers, fin):
+        helpers = [fin]
+        if p.external:
+            helpers.append(threading.Thread(
+                target=external_mover, name="rel-external",
+                args=(sim, gate, db_url, p.external, stop, deadline,
+                      random.Random(rng.random()), moves)))
+        for t in (*tickers, *helpers):
             t.start()
         alive = join_all(clients, p.seconds + 60)
         stop.set()
-        alive += join_all([*tickers, fin], 60)
+        alive += join_all([*tickers, *helpers], 60)
         assert not alive, f"threads still running: {alive}"
     finally:
         stop.set()
@@ -180,6 +261,8 @@ def run_load(db_url: str, make_sim: Any, make_gateway: Any, p: LoadParams) -> Lo
         final = {
             "cap": cap_violations(conn),
             "gpus": gpu_violations(conn, p.quota),
+            "gpus at admission (in-transaction)": budget_violations(conn),
+            "gpus at the provider": provider_quota_violations(sim),
             "fifo (event log)": fifo_violations(conn, 0)[0],
             "fifo (in-transaction)": oracle_violations(conn),
             "created once": created_once_violations(conn, sim, final=True),
@@ -201,5 +284,7 @@ def run_load(db_url: str, make_sim: Any, make_gateway: Any, p: LoadParams) -> Lo
         "provider_creates_409": sum(1 for a in sim.snapshot()
                                     if a.op == "create" and a.status == 409),
         "finished_at_random": sum(finished.values()),
+        "external_usage_moves": dict(moves),
+        "provider_over_quota_creates": sim.quota()["over_quota_creates"],
     }
     return LoadResult(client_stats, tick_stats, final, figures)

@@ -592,7 +592,9 @@ def cap_violations(conn: Conn) -> list[str]:
 
 
 def gpu_violations(conn: Conn, quota: int) -> list[str]:
-    """GPUs of PROGRESS jobs (what admission spends) never exceed the quota."""
+    """GPUs of PROGRESS jobs (what admission spends) never exceed the quota. The budget's
+    floor (`ours_total`) makes this hold whatever the rule does with a lagging usage, so it
+    checks the floor only; budget_violations and provider_quota_violations check the rule."""
     row = conn.execute("SELECT COALESCE(sum(gpu_count), 0) FROM sftq.jobs "
                        "WHERE state = 'PROGRESS'").fetchone()
     used = int(row[0]) if row else 0
@@ -723,6 +725,69 @@ def oracle_violations(conn: Conn) -> list[str]:
                         "ORDER BY seen_at").fetchall()
     return [f"admitted {a} while {s} waited{' (same user)' if same else ''} (in-transaction)"
             for a, s, same in rows]
+
+
+# The GPU budget as the contract promises it, checked by the database itself at every
+# admission: our PROGRESS GPUs (this admission included; the admitting transaction holds the
+# gate EXCLUSIVE, so no job can end or start under it) plus the provider's true external
+# usage at that moment never exceed min(value, maxValue). The test moves external usage
+# only between ticks, and writes the value it gave the simulator to reltest.provider_truth
+# while no tick runs, so "at that moment" is exact. Like the FIFO oracle, it records instead
+# of raising. Exact while the provider's usage never shows one of our jobs (every job not
+# yet counted is one the rule must add on top): run_load keeps the lag above the run's length.
+BUDGET_ORACLE_SQL = """
+CREATE SCHEMA IF NOT EXISTS reltest;
+CREATE TABLE IF NOT EXISTS reltest.provider_truth (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    quota_limit integer NOT NULL,
+    external numeric NOT NULL);
+CREATE TABLE IF NOT EXISTS reltest.budget_violations (
+    admitted uuid, ours integer, external numeric, quota_limit integer,
+    seen_at timestamptz DEFAULT clock_timestamp());
+CREATE OR REPLACE FUNCTION reltest.check_budget() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO reltest.budget_violations (admitted, ours, external, quota_limit)
+    SELECT NEW.job_id, o.ours, p.external, p.quota_limit
+      FROM reltest.provider_truth p,
+           (SELECT COALESCE(sum(j.gpu_count), 0)::int AS ours
+              FROM sftq.jobs j WHERE j.state = 'PROGRESS') o
+     WHERE o.ours + p.external > p.quota_limit;
+    RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS reltest_budget ON sftq.job_events;
+CREATE TRIGGER reltest_budget AFTER INSERT ON sftq.job_events
+    FOR EACH ROW WHEN (NEW.event = 'admitted') EXECUTE FUNCTION reltest.check_budget();
+"""
+
+
+def install_budget_oracle(conn: Conn, quota_limit: int) -> None:
+    conn.execute(BUDGET_ORACLE_SQL)
+    conn.execute("INSERT INTO reltest.provider_truth (quota_limit, external) VALUES (%s, 0) "
+                 "ON CONFLICT (only_row) DO UPDATE SET quota_limit = EXCLUDED.quota_limit, "
+                 "external = 0", (quota_limit,))
+
+
+def set_true_external(conn: Conn, external: float) -> None:
+    """The external usage the simulator was just given, for the budget oracle (between
+    ticks only)."""
+    conn.execute("UPDATE reltest.provider_truth SET external = %s", (external,))
+
+
+def budget_violations(conn: Conn) -> list[str]:
+    rows = conn.execute("SELECT admitted, ours, external, quota_limit "
+                        "FROM reltest.budget_violations ORDER BY seen_at").fetchall()
+    return [f"admitted {a}: {ours} GPUs of ours in PROGRESS + {ext:g} external > {limit}"
+            for a, ours, ext, limit in rows]
+
+
+def provider_quota_violations(sim: Simulator) -> list[str]:
+    """No create reached the simulator when its quota had no room for it at the account's
+    true usage (what Fireworks would refuse with 429 quota_exceeded)."""
+    over = int(sim.quota()["over_quota_creates"])
+    return [f"{over} create{'s' if over > 1 else ''} found no room in the quota at the "
+            "provider's true usage"] if over else []
 
 
 LEGAL = {("QUEUED", "PROGRESS"), ("QUEUED", "CANCELLED"), ("PROGRESS", "SUCCESS"),

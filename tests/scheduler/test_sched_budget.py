@@ -14,6 +14,7 @@ from sched_support import (
     RecordingSimulator,
     create_user,
     enqueue,
+    job,
     pid,
     progress_ids,
     state,
@@ -110,6 +111,83 @@ def test_several_creates_in_one_tick_are_credited_only_as_far_as_the_usage_rose(
     result = tick()  # the ended job is reconciled; the third job is still counted on top
     assert result["ours_total"] == 10 and result["ours_recent"] == 4
     assert result["budget"] == 16 - (10 + 4)
+
+
+class StartsAnExternalJobDuringCreates(FireworksClient):
+    """Someone else's job starts at the provider while this tick's create is in flight:
+    inside the window between the tick's two quota readings."""
+
+    def __init__(self, sim: RecordingSimulator, external: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sim, self.external = sim, external
+
+    def create_job(self, kind: str, job_id: str, payload: dict[str, Any], *,
+                   gpu_count: int | None = None) -> ProviderJob:
+        created = super().create_job(kind, job_id, payload, gpu_count=gpu_count)
+        self.sim.set_quota(external_usage=self.external)
+        return created
+
+
+@pytest.mark.parametrize("enforced", [True, False], ids=["provider-enforces", "provider-does-not"])
+def test_an_external_rise_inside_the_window_is_taken_for_our_job(
+        conn: Conn, sim: RecordingSimulator, database: Database, settings: Settings,
+        tick: Any, enforced: bool) -> None:
+    """The residual risk docs/scheduling.md states, step by step. With usage lagging, an
+    external job that starts between a tick's two readings looks exactly like our new job
+    being counted: the rise is credited to our job, and the next tick admits GPUs that are
+    not free until the provider's usage shows our job. Fireworks refuses such a create
+    (429 quota_exceeded): the job is retried, never failed, and created once room returns.
+    A provider that did not enforce its quota would run over it until the lag passed."""
+    sim.set_quota(max_value=8, usage_lag_seconds=60, enforce_quota=enforced)
+    first = enqueue(conn, create_user(conn, "alice"))
+    with StartsAnExternalJobDuringCreates(sim, 4, base_url=settings.fireworks_base_url,
+                                          api_key=settings.fireworks_api_key,
+                                          account_id=ACCOUNT) as racing:
+        result = run_tick(database, racing, settings)
+    assert result["admitted"] == [str(first)]
+    # Our 4 GPUs are not shown yet (the lag); the external 4 are. A rise of 4: credited to us.
+    assert (result["quota"]["usage"], result["usage_after"], result["usage_counted_gpus"]) == \
+        (0, 4, 4)
+    assert sim.quota()["true_usage"] == 8  # the account is full
+
+    second = enqueue(conn, create_user(conn, "bob"))
+    result = tick()
+    # usage 4 is the external job; ours is taken as counted in it: 4 GPUs look free.
+    assert (result["quota"]["usage"], result["ours_recent"], result["ours_total"],
+            result["budget"]) == (4, 0, 4, 4)
+    assert result["admitted"] == [str(second)]  # our 8 + the external 4: over the 8 by 4
+    assert sim.quota()["over_quota_creates"] == 1 and result["failed"] == 0
+    third = enqueue(conn, create_user(conn, "carol"))
+    if not enforced:
+        # Created: the provider holds 12 of 8 until its usage shows our jobs ...
+        assert pid(second) in sim.sim_jobs() and sim.quota()["true_usage"] == 12
+        sim.advance(61)
+        result = tick()
+        # ... and then the budget is right again: nothing more until usage falls.
+        # (bob's job, shown now, is still counted on top too until a reading shows it)
+        assert (result["quota"]["usage"], result["budget"]) == (12, 8 - (12 + 4))
+        assert result["admitted"] == [] and state(conn, third) == "QUEUED"
+        return
+
+    # Refused by the provider: transient, so the job keeps its place, slot and GPUs.
+    row = job(conn, second)
+    assert (row["state"], row["submitted_at"], row["submit_attempts"]) == ("PROGRESS", None, 1)
+    assert "HTTP 429: quota_exceeded" in row["last_submit_error"]
+    result = tick()
+    # Unsubmitted, it counts on top of usage: nothing is admitted into its GPUs meanwhile.
+    assert (result["ours_recent"], result["budget"]) == (4, 0) and result["admitted"] == []
+    assert job(conn, second)["submit_attempts"] == 2 and result["failed"] == 0
+    sim.advance(61)  # the provider's usage shows our first job: the budget is right again
+    result = tick()
+    assert (result["quota"]["usage"], result["budget"]) == (8, 8 - (8 + 4))
+    assert state(conn, second) == "PROGRESS"
+    sim.set_quota(external_usage=0)  # the external job ends: room for ours
+    result = tick()
+    row = job(conn, second)
+    assert result["submitted"] == 1 and row["submitted_at"] is not None
+    assert (row["state"], row["submit_attempts"], row["failure_class"]) == ("PROGRESS", 3, None)
+    assert sim.created_ok()[pid(second)] == 1 and sim.quota()["over_quota_creates"] == 3
+    assert state(conn, third) == "QUEUED"  # the account is full: 4 + 4 of 8
 
 
 @pytest.mark.parametrize("lag", [0.0, 60.0])

@@ -221,6 +221,132 @@ def test_the_time_bound_gives_up_too(conn: Conn, sim: RecordingSimulator, tick: 
     assert row["state"] == "FAIL" and "after 1 failed attempt over " in row["error"]
 
 
+UNAVAILABLE = {"code": 14, "message": "the service is unavailable"}
+
+
+def _check_path(job_id: uuid.UUID) -> str:
+    return f"/supervisedFineTuningJobs/{pid(job_id)}$"
+
+
+def _calls(sim: RecordingSimulator, job_id: uuid.UUID, method: str) -> int:
+    return sum(1 for m, _ in sim.calls_on(pid(job_id)) if m == method)
+
+
+@pytest.mark.parametrize(("status", "body", "why"), [
+    (503, {"code": 14, "message": "the job service is down"}, "HTTP 503: the job service is down"),
+    # A gateway timeout: the client's own timeout is the same Transient.
+    (504, {"code": 4, "message": "deadline exceeded"}, "HTTP 504: deadline exceeded"),
+    # Refused for this job while the account answers (the quota read works).
+    (403, DENIED, "HTTP 403: permission denied on model accounts/other/models/private"),
+])
+def test_a_final_check_that_cannot_be_made_is_bounded(
+        conn: Conn, sim: RecordingSimulator, tick: Any, status: int, body: dict[str, Any],
+        why: str) -> None:
+    """Out of attempts, the final GET of the job's id fails too: it is retried under the
+    backoff, four checks in all, then the job ends FAIL retryable saying the check could not
+    be made and why, its slot and GPUs freed. Never a second create meanwhile."""
+    sim.set_quota(max_value=8)
+    alice = create_user(conn, "alice")
+    doomed = enqueue(conn, alice, gpus=8)
+    next_one = enqueue(conn, alice, gpus=8)
+    _rules(sim, {"method": "POST", "path": CREATE_SFT, "status": 503, "body": UNAVAILABLE},
+           {"method": "GET", "path": _check_path(doomed), "status": status, "body": body})
+    for _ in range(3):
+        tick(submit_max_attempts=3)
+    # The third failed create exhausted the attempts: the first check followed at once.
+    row = job(conn, doomed)
+    assert (row["state"], row["submit_attempts"], row["last_check_failures"]) == ("PROGRESS", 3, 1)
+    for n in (2, 3):
+        result = tick(submit_max_attempts=3)
+        assert result["failed"] == 0 and result["provider_auth_failed"] is False
+        row = job(conn, doomed)
+        assert (row["state"], row["last_check_failures"]) == ("PROGRESS", n)
+        # The create's answer stays the visible reason; the checks' answers are events.
+        assert row["last_submit_error"].endswith("HTTP 503: the service is unavailable")
+    assert (_calls(sim, doomed, "POST"), _calls(sim, doomed, "GET")) == (3, 3)
+    checks = [e["detail"] for e in events(conn, doomed) if e["event"] == "final_check_failed"]
+    assert [c["final_check"] for c in checks] == [1, 2, 3] and why in checks[-1]["error"]
+
+    sim.set_quota(external_usage=8)  # hold admission back to look at the freed slot first
+    result = tick(submit_max_attempts=3)
+    assert result["failed"] == 1 and result["gave_up"] == 1
+    row = job(conn, doomed)
+    assert (row["state"], row["failure_class"]) == ("FAIL", "retryable")
+    assert row["error"].startswith("gave up submitting to the provider after 3 failed attempts "
+                                   "over ")
+    assert "/supervisedFineTuningJobs: HTTP 503: the service is unavailable; the final check " \
+        "for a provider job under its id could not be made (4 tries, the last answer: GET " \
+        in row["error"]
+    assert row["error"].endswith(why + ")")
+    last = events(conn, doomed)[-1]
+    assert last["event"] == "failed" and last["detail"]["reason"] == "submission_gave_up"
+    assert last["detail"]["final_check_failures"] == 4
+    assert (_calls(sim, doomed, "POST"), _calls(sim, doomed, "GET")) == (3, 4)
+    user = conn.execute("SELECT running_count FROM sftq.users WHERE id = %s", (alice,)).fetchone()
+    assert user == (0,)
+    assert conn.execute("SELECT * FROM sftq.admission_budget(8, 0)").fetchone() == (8, 0, 0)
+    sim.set_faults()
+    sim.set_quota(external_usage=0)
+    assert tick()["admitted"] == [str(next_one)]
+
+
+def test_a_final_check_waits_out_the_backoff_and_can_still_adopt(
+        conn: Conn, sim: RecordingSimulator, tick: Any, provider: FireworksClient) -> None:
+    """A check that could not be made is not repeated before its backoff has passed; one
+    that then finds the job (a create that landed while its answer was lost) adopts it."""
+    job_id = enqueue(conn, create_user(conn, "alice"))
+    _rules(sim, {"method": "POST", "path": CREATE_SFT, "status": 503, "body": UNAVAILABLE},
+           {"method": "GET", "path": _check_path(job_id), "status": 503, "times": 2})
+    tick(submit_max_attempts=1, submit_backoff_seconds=5.0)
+    assert job(conn, job_id)["last_check_failures"] == 1
+    # A create of an earlier attempt landed after all (its answer was lost on the way).
+    sim.set_faults(rules=[{"method": "GET", "path": _check_path(job_id), "status": 503,
+                           "times": 1}])
+    provider.create_job("SFT", pid(job_id), {"dataset": "accounts/a/datasets/d"}, gpu_count=4)
+    tick(submit_max_attempts=1, submit_backoff_seconds=5.0)
+    assert _calls(sim, job_id, "GET") == 1  # in its backoff: no check
+    conn.execute("UPDATE sftq.jobs SET next_submit_at = now() WHERE id = %s", (job_id,))
+    tick(submit_max_attempts=1, submit_backoff_seconds=5.0)
+    row = job(conn, job_id)
+    assert (row["state"], row["submitted_at"], row["last_check_failures"]) == ("PROGRESS", None, 2)
+    conn.execute("UPDATE sftq.jobs SET next_submit_at = now() WHERE id = %s", (job_id,))
+    result = tick(submit_max_attempts=1, submit_backoff_seconds=5.0)
+    assert result["submitted"] == 1 and result["failed"] == 0
+    row = job(conn, job_id)
+    assert row["state"] == "PROGRESS" and row["submitted_at"] is not None
+    assert [e["detail"].get("adopted_existing") for e in events(conn, job_id)
+            if e["event"] == "submitted"] == [True]
+    assert sim.created_ok()[pid(job_id)] == 1  # the stand-in for the lost create only
+
+
+def test_refused_credentials_never_use_up_the_final_check(
+        conn: Conn, sim: RecordingSimulator, tick: Any, health: Any) -> None:
+    """The final check refused because the whole account is (the quota read is refused too):
+    provider_auth_failed, and no job changes, however many ticks it lasts."""
+    job_id = enqueue(conn, create_user(conn, "alice"))
+    _rules(sim, {"method": "POST", "path": CREATE_SFT, "status": 503, "body": UNAVAILABLE},
+           {"method": "GET", "path": _check_path(job_id), "status": 503, "times": 1})
+    tick(submit_max_attempts=1)
+    assert job(conn, job_id)["last_check_failures"] == 1
+    before = _snapshot(conn)
+    checks = conn.execute("SELECT last_check_failures FROM sftq.jobs").fetchall()
+    # The check alone refused first (the tick's quota read still works), then the account.
+    quota = sim.quota()["quota"]
+    _rules(sim, {"method": "GET", "path": QUOTA, "status": 200, "body": quota, "times": 1},
+           {"method": "GET", "path": QUOTA, "status": 403, "body": UNAUTHENTICATED},
+           {"method": "GET", "path": _check_path(job_id), "status": 403, "body": UNAUTHENTICATED})
+    for _ in range(6):
+        result = tick(submit_max_attempts=1)
+        assert result["provider_auth_failed"] is True and result["failed"] == 0
+        assert _snapshot(conn) == before
+        assert conn.execute("SELECT last_check_failures FROM sftq.jobs").fetchall() == checks
+    assert health()["provider"] == "provider_auth_failed"
+    sim.set_faults(rules=[{"method": "POST", "path": CREATE_SFT, "status": 503}])
+    result = tick(submit_max_attempts=1)  # credentials back: the check finds nothing, gives up
+    assert result["gave_up"] == 1 and state(conn, job_id) == "FAIL"
+    assert "final check" not in job(conn, job_id)["error"]
+
+
 class LostThenDown(FireworksClient):
     """The first create lands but its answer is lost; every later create fails unsent."""
 

@@ -112,6 +112,48 @@ def test_give_up_frees_the_slot_and_says_why(q: Q) -> None:
     assert q.all(COUNTER_DRIFT) == []
 
 
+def test_a_final_check_that_cannot_be_made_backs_off_then_gives_up(q: Q) -> None:
+    """Out of attempts, a failure recorded with no attempt left (what the tick passes for its
+    final GET) counts as a failed final check, backs off like a create, and the fourth ends
+    the job FAIL retryable, saying the check could not be made and why."""
+    job = _admitted(q, gpus=8)
+    for _ in range(3):
+        q.one("SELECT sftq.record_submit_failure(%s, 'HTTP 503: unavailable', true, 3, 3600, 5, "
+              "%s)", job, t(100))
+    waits = []
+    for check in (1, 2, 3):
+        answer = q.one("SELECT sftq.record_submit_failure(%s, 'GET: timed out', true, 0, 3600, "
+                       "5, %s)", job, t(200))
+        assert answer == {"state": "PROGRESS", "attempts": 3, "final_checks": check,
+                          "next_attempt_at": answer["next_attempt_at"], "exhausted": True}
+        row = q.job(job)
+        assert (row["submit_attempts"], row["last_check_failures"]) == (3, check)
+        assert row["last_submit_error"] == "HTTP 503: unavailable"  # the create's answer
+        waits.append((row["next_submit_at"] - t(200)).total_seconds())
+    assert waits == [40, 80, 160]  # the create's backoff, going on from attempt 3
+    answer = q.one("SELECT sftq.record_submit_failure(%s, 'GET: HTTP 403: denied', true, 0, "
+                   "3600, 5, %s)", job, t(1801))
+    assert (answer["state"], answer["final_checks"]) == ("FAIL", 4)
+    row = q.job(job)
+    assert (row["failure_class"], row["last_check_error"]) == ("retryable", "GET: HTTP 403: denied")
+    assert row["error"] == (
+        "gave up submitting to the provider after 3 failed attempts over 1800 s; last provider "
+        "answer: HTTP 503: unavailable; the final check for a provider job under its id could "
+        "not be made (4 tries, the last answer: GET: HTTP 403: denied)")
+    events = q.all("SELECT event, detail FROM sftq.job_events WHERE job_id = %s ORDER BY id", job)
+    assert [e for e, _ in events].count("final_check_failed") == 3
+    assert events[-1][1]["final_check_failures"] == 4
+    assert q.one("SELECT running_count FROM sftq.users WHERE name = 'alice'") == 0
+    # A check that later answers 404 gives up as before: it found no job, nothing unknown.
+    other = _admitted(q, user="bob")
+    q.one("SELECT sftq.record_submit_failure(%s, 'x', true, 1, 3600, 5, %s)", other, t(10))
+    q.one("SELECT sftq.record_submit_failure(%s, 'GET: timed out', true, 0, 3600, 5, %s)",
+          other, t(20))
+    assert q.one("SELECT sftq.give_up_submission(%s, %s)", other, t(30)) == "FAIL"
+    assert "final check" not in q.job(other)["error"]
+    assert q.all(COUNTER_DRIFT) == []
+
+
 def test_skipped_creates_count_no_attempt(q: Q) -> None:
     job = _admitted(q)
     q.conn.execute("SELECT sftq.record_submit_skipped(%s, 'not attempted: down')", (job,))

@@ -229,7 +229,13 @@ class Simulator(SimState):
             if method == "GET":
                 return 200, self.quota(), {}
             if method == "POST":
-                unknown = set(body) - {"maxValue", "value", "external_usage", "usage_lag_seconds"}
+                unknown = set(body) - {
+                    "maxValue",
+                    "value",
+                    "external_usage",
+                    "usage_lag_seconds",
+                    "enforce_quota",
+                }
                 if unknown:
                     raise ValueError(f"unknown fields: {', '.join(sorted(unknown))}")
                 settings = self.set_quota(
@@ -237,6 +243,7 @@ class Simulator(SimState):
                     value=body.get("value"),
                     external_usage=body.get("external_usage"),
                     usage_lag_seconds=body.get("usage_lag_seconds"),
+                    enforce_quota=body.get("enforce_quota"),
                 )
                 return 200, settings, {}
         if route == "/_sim/faults":

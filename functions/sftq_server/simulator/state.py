@@ -152,6 +152,10 @@ class SimState:
         self._external_usage: float = 0
         self._usage_lag = 0.0
         self._offset = 0.0
+        # Fireworks refuses a create its quota has no room for (429 quota_exceeded). The
+        # simulator counts such creates always, and refuses them only when asked to.
+        self._enforce_quota = False
+        self._over_quota_creates = 0
 
     # -- time and lifecycle -----------------------------------------------------------------
 
@@ -233,6 +237,19 @@ class SimState:
         )
         return held + self._external_usage
 
+    def _true_usage(self, now: float) -> float:
+        """What the account really holds now: every job not ended, however recent (no lag),
+        plus the external usage. The quota is enforced against this, not against `usage`."""
+        held = sum(
+            job.gpus
+            for job in self._jobs.values()
+            if self._state(job, now)[0] not in TERMINAL_STATES
+        )
+        return held + self._external_usage
+
+    def _limit(self) -> int:
+        return min(self._value, self._max_value)
+
     def _quota_resource(self, now: float) -> dict[str, Any]:
         usage = self._usage(now)
         return {
@@ -250,6 +267,9 @@ class SimState:
             "value": self._value,
             "external_usage": self._external_usage,
             "usage_lag_seconds": self._usage_lag,
+            "enforce_quota": self._enforce_quota,
+            "true_usage": self._true_usage(self._now()),
+            "over_quota_creates": self._over_quota_creates,
             "quota": self._quota_resource(self._now()),
         }
 
@@ -286,11 +306,23 @@ class SimState:
         if (collection, job_id) in self._jobs:
             name = f"accounts/{self.account_id}/{collection}/{job_id}"
             raise HttpError(409, f'{collection[:-1]} "{name}" already exists')
+        gpus = job_gpus(payload, gpu_header)
+        in_use = self._true_usage(now)
+        if in_use + gpus > self._limit():
+            # A create the quota has no room for at the account's true usage (the lagging
+            # `usage` figure aside): what Fireworks refuses with 429 quota_exceeded.
+            self._over_quota_creates += 1
+            if self._enforce_quota:
+                raise HttpError(
+                    429,
+                    f"quota_exceeded: quota {self.quota_id} has no room for {gpus} more "
+                    f"(in use {in_use:g} of {self._limit()})",
+                )
         job = SimJob(
             collection=collection,
             job_id=job_id,
             payload=copy.deepcopy(payload),
-            gpus=job_gpus(payload, gpu_header),
+            gpus=gpus,
             created=now,
             job_seconds=self.job_seconds,
         )
@@ -385,12 +417,16 @@ class SimState:
         value: int | None = None,
         external_usage: float | None = None,
         usage_lag_seconds: float | None = None,
+        enforce_quota: bool | None = None,
     ) -> dict[str, Any]:
-        """Change the quota; `value` follows `max_value` unless given. Returns the settings."""
+        """Change the quota; `value` follows `max_value` unless given. `enforce_quota`: refuse
+        a create the quota has no room for (429 quota_exceeded). Returns the settings."""
         new_max = None if max_value is None else integer(max_value, "maxValue")
         new_value = None if value is None else integer(value, "value")
         ext = None if external_usage is None else number(external_usage, "external_usage")
         lag = None if usage_lag_seconds is None else number(usage_lag_seconds, "usage_lag")
+        if enforce_quota is not None and not isinstance(enforce_quota, bool):
+            raise ValueError("enforce_quota must be true or false")
         with self._lock:
             if new_max is not None:
                 self._max_value = new_max
@@ -401,6 +437,8 @@ class SimState:
                 self._external_usage = int(ext) if ext.is_integer() else ext
             if lag is not None:
                 self._usage_lag = lag
+            if enforce_quota is not None:
+                self._enforce_quota = enforce_quota
             return self._quota_settings()
 
     def quota(self) -> dict[str, Any]:
