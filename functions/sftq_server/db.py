@@ -150,6 +150,8 @@ OBSERVE_PROVIDER_JOB = "SELECT sftq.observe_provider_job(%s, %s::jsonb)"
 RECORD_USAGE_READING = (
     "SELECT sftq.record_usage_reading(%s::numeric, %s::numeric, make_interval(secs => %s))"
 )
+# Fold the queue's stretch counts and count the jobs enqueued since (once a tick).
+QUEUE_SEAL = "SELECT sftq.queue_seal()"
 # Cancel QUEUED jobs whose queue timeout ran out; answers how many.
 EXPIRE_QUEUED = "SELECT sftq.expire_queued()"
 

@@ -737,6 +737,10 @@ def _phases(tick: _Tick) -> None:
     tick.submit_admitted(tick.admit())
     with contextlib.suppress(_ProviderDown):
         tick.reread_quota()
+    tick.lease.keep(force=True)
+    # The queue's stretch counts (sql/procedures/062_queue_buckets.sql), in a transaction of
+    # their own: the seal holds the admission gate exclusively, briefly, after admission.
+    tick.db.scalar(sql.QUEUE_SEAL)
 
 
 def _finish(db: Database, tick: _Tick, result: dict[str, Any]) -> None:
@@ -747,6 +751,10 @@ def _finish(db: Database, tick: _Tick, result: dict[str, Any]) -> None:
     record["admitted_ids"] = list(tick.admitted)
     record["quota_limit"] = tick.quota.limit if tick.quota else None
     record["quota_usage"] = tick.quota.usage if tick.quota else None
+    # The end-of-tick queue frames (sftq.stream_queue_refresh) judge a stalled scheduler and
+    # place estimates with the deployment's settings, as GET /jobs/analytics/queue does.
+    record["tick_interval_seconds"] = float(tick.settings.tick_interval_seconds)
+    record["usage_grace_seconds"] = float(tick.settings.usage_grace_seconds)
     try:
         db.scalar(sql.TICK_FINISH, (tick.lease.tick_id, json.dumps(record)))
     except SftqError as exc:

@@ -9,4 +9,4 @@ TO sftq_api;
 
 -- The tick refreshes queue frames through a trigger on its own record; the function is also
 -- there for a scheduler that wants to call it itself.
-GRANT EXECUTE ON FUNCTION sftq.stream_queue_refresh(timestamptz) TO sftq_scheduler;
+GRANT EXECUTE ON FUNCTION sftq.stream_queue_refresh(timestamptz, interval, interval) TO sftq_scheduler;

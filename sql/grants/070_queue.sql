@@ -8,9 +8,12 @@ TO sftq_api;
 
 -- The tick runs as itself: a job it moves out of the queue writes its stretch's delta, and
 -- it seals the queue once per tick.
-GRANT SELECT ON sftq.queue_seal, sftq.queue_buckets TO sftq_scheduler;
-GRANT SELECT, INSERT ON sftq.queue_bucket_deltas TO sftq_scheduler;
+GRANT SELECT, UPDATE ON sftq.queue_seal TO sftq_scheduler;
+GRANT SELECT, INSERT, UPDATE, DELETE ON sftq.queue_buckets, sftq.queue_bucket_deltas
+    TO sftq_scheduler;
+GRANT USAGE ON SEQUENCE sftq.queue_bucket_deltas_id_seq TO sftq_scheduler;
 GRANT EXECUTE ON FUNCTION
     sftq._queue_left(timestamptz, uuid),
-    sftq._event_many(uuid[], timestamptz[], text[], text, text, jsonb[])
+    sftq._event_many(uuid[], timestamptz[], text[], text, text, jsonb[]),
+    sftq.queue_seal(timestamptz, integer)
 TO sftq_scheduler;

@@ -205,41 +205,59 @@ CREATE OR REPLACE FUNCTION sftq.queue_ahead(p_created_at timestamptz[], p_ids uu
 RETURNS TABLE (ord integer, ahead bigint)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
+SET jit = off  -- many short subqueries the planner overestimates: compiling costs seconds
 AS $$
     -- For each (created_at, id) given: how many QUEUED jobs come before it in FIFO order.
     -- Sealed: the sum of the stretches before its own (kept by the last seal, plus the deltas
     -- since) and the QUEUED jobs of its own stretch before it, counted one by one (an
-    -- index-only range of jobs_queued_idx, at most about p_bucket entries). After the seal:
-    -- every stretch, plus the jobs since the seal before it.
+    -- index-only range of jobs_queued_idx, at most about p_bucket entries).
+    -- After the seal: every stretch, plus the jobs since the seal before it, counted in ONE
+    -- walk shared by all such keys: each counts from the previous key to itself, and a
+    -- running sum adds them up (so many keys in a long tail cost one pass over it).
     WITH s AS (
         SELECT q.sealed_at,
                (SELECT COALESCE(sum(b.queued), 0) FROM sftq.queue_buckets b)
                + (SELECT COALESCE(sum(d.delta), 0) FROM sftq.queue_bucket_deltas d) AS sealed_total
           FROM sftq.queue_seal q
+    ), k AS (
+        SELECT t.c, t.i, t.o FROM unnest(p_created_at, p_ids) WITH ORDINALITY AS t(c, i, o)
+    ), sealed AS (
+        SELECT k.o,
+               COALESCE(b.before, 0)
+               + (SELECT COALESCE(sum(d.delta), 0) FROM sftq.queue_bucket_deltas d
+                   WHERE (d.lo_created_at, d.lo_id) < (b.lo_created_at, b.lo_id))
+               + (SELECT count(*) FROM sftq.jobs j
+                   WHERE j.state = 'QUEUED'
+                     AND (j.created_at, j.id) >= (COALESCE(b.lo_created_at, '-infinity'),
+                                                  COALESCE(b.lo_id, '00000000-0000-0000-0000-000000000000'))
+                     AND (j.created_at, j.id) < (k.c, k.i)) AS ahead
+          FROM k CROSS JOIN s
+          LEFT JOIN LATERAL (
+                SELECT x.lo_created_at, x.lo_id, x.before FROM sftq.queue_buckets x
+                 WHERE (x.lo_created_at, x.lo_id) <= (k.c, k.i)
+                 ORDER BY x.lo_created_at DESC, x.lo_id DESC
+                 LIMIT 1) b ON true
+         WHERE k.c < s.sealed_at
+    ), tail AS (
+        SELECT k.o, k.c, k.i,
+               COALESCE(lag(k.c) OVER w, s.sealed_at) AS pc,
+               COALESCE(lag(k.i) OVER w, '00000000-0000-0000-0000-000000000000'::uuid) AS pi
+          FROM k CROSS JOIN s
+         WHERE k.c >= s.sealed_at
+        WINDOW w AS (ORDER BY k.c, k.i)
+    ), tail_gaps AS (
+        SELECT tail.o, tail.c, tail.i,
+               (SELECT count(*) FROM sftq.jobs j
+                 WHERE j.state = 'QUEUED' AND (j.created_at, j.id) >= (tail.pc, tail.pi)
+                   AND (j.created_at, j.id) < (tail.c, tail.i)) AS n
+          FROM tail
     )
-    SELECT t.o::int,
-           CASE WHEN t.c >= s.sealed_at THEN
-                    s.sealed_total
-                    + (SELECT count(*) FROM sftq.jobs j
-                        WHERE j.state = 'QUEUED' AND j.created_at >= s.sealed_at
-                          AND (j.created_at, j.id) < (t.c, t.i))
-                ELSE COALESCE(b.before, 0)
-                    + (SELECT COALESCE(sum(d.delta), 0) FROM sftq.queue_bucket_deltas d
-                        WHERE (d.lo_created_at, d.lo_id) < (b.lo_created_at, b.lo_id))
-                    + (SELECT count(*) FROM sftq.jobs j
-                        WHERE j.state = 'QUEUED'
-                          AND (j.created_at, j.id) >= (COALESCE(b.lo_created_at, '-infinity'),
-                                                       COALESCE(b.lo_id, '00000000-0000-0000-0000-000000000000'))
-                          AND (j.created_at, j.id) < (t.c, t.i))
-           END::bigint
-      FROM unnest(p_created_at, p_ids) WITH ORDINALITY AS t(c, i, o)
-     CROSS JOIN s
-      LEFT JOIN LATERAL (
-            SELECT x.lo_created_at, x.lo_id, x.before FROM sftq.queue_buckets x
-             WHERE (x.lo_created_at, x.lo_id) <= (t.c, t.i)
-             ORDER BY x.lo_created_at DESC, x.lo_id DESC
-             LIMIT 1) b ON t.c < s.sealed_at
-     ORDER BY t.o
+    SELECT x.o::int, x.ahead::bigint
+      FROM (SELECT sealed.o, sealed.ahead FROM sealed
+            UNION ALL
+            SELECT g.o, s.sealed_total + sum(g.n) OVER (ORDER BY g.c, g.i)
+              FROM tail_gaps g CROSS JOIN s) x
+     ORDER BY x.o
 $$;
 COMMENT ON FUNCTION sftq.queue_ahead(timestamptz[], uuid[]) IS
-    'For each (created_at, id) given, in the order given: the number of QUEUED jobs before it in FIFO order (created_at, then id). Exact: the sum of the stretches before the key''s own as of the last seal plus the deltas since, then one index-only count within its own stretch (at most about p_bucket jobs), or after the seal. Cost per key: one lookup of its stretch and a short range, whatever the length of the queue. Reads only, takes no locks.';
+    'For each (created_at, id) given, in the order given: the number of QUEUED jobs before it in FIFO order (created_at, then id). Exact: for a key before the seal, the sum of the stretches before its own as of the last seal plus the deltas since, then one index-only count within its own stretch (at most about p_bucket jobs); for keys after it, every stretch plus one walk of the jobs since the seal shared by all of them. Cost: a lookup and a short range per sealed key, whatever the length of the queue; one pass over the unsealed tail. Reads only, takes no locks.';

@@ -444,33 +444,39 @@ COMMENT ON FUNCTION sftq.stream_poll(text, xid8, bigint, integer, bytea[], integ
 -- Queue frames: written when a tick ends, for users with an open stream
 -- ---------------------------------------------------------------------------------------
 
-CREATE OR REPLACE FUNCTION sftq.stream_queue_snapshot(p_user_id bigint)
-RETURNS TABLE (job_id uuid, queue_position bigint, waiting_reason jsonb, estimated_start_at timestamptz)
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    -- The same numbers GET /jobs/analytics/queue answers for the user's queued jobs (the
-    -- first 100): when its items carry waiting_reason and estimated_start_at, so do the frames.
-    SELECT (q ->> 'id')::uuid, (q ->> 'queue_position')::bigint,
-           CASE WHEN json_typeof(q -> 'waiting_reason') = 'object' THEN (q -> 'waiting_reason')::jsonb END,
-           (q ->> 'estimated_start_at')::timestamptz
-      FROM json_array_elements(sftq.queue_context(p_user_id) -> 'your_queued_jobs') q
-$$;
-COMMENT ON FUNCTION sftq.stream_queue_snapshot(bigint) IS
-    'A user''s queued jobs with queue_position, waiting_reason and estimated_start_at, from sftq.queue_context (one source of truth with GET /jobs/analytics/queue). Reads only.';
+-- A user's queue frames were read one user at a time through sftq.queue_context; the
+-- refresh below now reads every watched user at once (sftq.queue_view_many).
+DROP FUNCTION IF EXISTS sftq.stream_queue_snapshot(bigint);
 
-CREATE OR REPLACE FUNCTION sftq.stream_queue_refresh(p_now timestamptz DEFAULT now())
+-- p_tick_interval and p_usage_grace were added (the deployment's settings, as the API's):
+-- drop the form without them.
+DROP FUNCTION IF EXISTS sftq.stream_queue_refresh(timestamptz);
+
+CREATE OR REPLACE FUNCTION sftq.stream_queue_refresh(
+    p_now            timestamptz DEFAULT now(),
+    p_tick_interval  interval DEFAULT interval '30 seconds',
+    p_usage_grace    interval DEFAULT interval '5 minutes')
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_written integer;
+    v_users   bigint[];
 BEGIN
-    WITH watched AS (
-        SELECT DISTINCT w.user_id FROM sftq.stream_watchers w WHERE w.expires_at > now()
-    ), cur AS MATERIALIZED (
-        SELECT w.user_id, s.* FROM watched w CROSS JOIN LATERAL sftq.stream_queue_snapshot(w.user_id) s
+    SELECT array_agg(DISTINCT w.user_id) INTO v_users
+      FROM sftq.stream_watchers w WHERE w.expires_at > now();
+    -- The same numbers GET /jobs/analytics/queue answers for every queued job of each
+    -- watched user (one source of truth), for all of them at once: one lookup of the jobs
+    -- ahead per job, one admission walk and one forecast, whoever many users watch.
+    WITH cur AS MATERIALIZED (
+        SELECT v.user_id, v.id AS job_id, v.queue_position,
+               CASE WHEN v.waiting_code IS NOT NULL
+                    THEN jsonb_build_object('code', v.waiting_code, 'message', v.waiting_message)
+               END AS waiting_reason,
+               v.estimated_start_at
+          FROM sftq.queue_view_many(COALESCE(v_users, '{}'), p_now, p_tick_interval,
+                                    p_usage_grace) v
     ), changed AS (
         SELECT c.* FROM cur c LEFT JOIN sftq.stream_queue_state st ON st.job_id = c.job_id
          WHERE st.job_id IS NULL
@@ -516,8 +522,8 @@ BEGIN
     RETURN v_written;
 END
 $$;
-COMMENT ON FUNCTION sftq.stream_queue_refresh(timestamptz) IS
-    'Writes a queue frame (sftq.stream_queue_events) for each queued job of a user with an open stream whose queue_position, waiting_reason or estimated_start_at changed since the last frame (at most 100 jobs per user, as GET /jobs/analytics/queue lists), and prunes frames older than a day. Run at the end of every tick. Locking contract: KEY SHARE on the changed jobs'' rows, in id order, so a frame never follows the job''s leaving the queue; the small stream tables otherwise.';
+COMMENT ON FUNCTION sftq.stream_queue_refresh(timestamptz, interval, interval) IS
+    'Writes a queue frame (sftq.stream_queue_events) for each queued job of a user with an open stream whose queue_position, waiting_reason or estimated_start_at changed since the last frame (every queued job of the user, as GET /jobs/analytics/queue lists them, from sftq.queue_view_many with the deployment''s tick interval and usage grace), and prunes frames older than a day. Run at the end of every tick. Cost: one queue view for all watched users together. Locking contract: KEY SHARE on the changed jobs'' rows, in id order, so a frame never follows the job''s leaving the queue; the small stream tables otherwise.';
 
 CREATE OR REPLACE FUNCTION sftq._stream_after_tick()
 RETURNS trigger
@@ -526,7 +532,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     BEGIN
-        PERFORM sftq.stream_queue_refresh(NEW.finished_at);
+        -- The tick records the deployment's tick interval and usage grace with its result.
+        PERFORM sftq.stream_queue_refresh(
+            NEW.finished_at,
+            COALESCE((NEW.detail ->> 'tick_interval_seconds')::float8, 30) * interval '1 second',
+            COALESCE((NEW.detail ->> 'usage_grace_seconds')::float8, 300) * interval '1 second');
     EXCEPTION WHEN OTHERS THEN
         -- Live queue frames are a convenience: they never cost a tick its result.
         RAISE WARNING 'stream: queue frames not refreshed: % (%)', SQLERRM, SQLSTATE;
