@@ -56,14 +56,21 @@ SELECT u.id, u.name, u.created_at, u.disabled_at, u.max_running,
   FROM sftq.users u;
 COMMENT ON VIEW sftq.analyst_users IS 'Users with their cap and current running and queued counts (no key material).';
 
+-- fifo_rank numbers the QUEUED jobs straight from jobs_queued_idx, and the owner is joined
+-- after numbering (a hash of the users, not one probe per job). ROWS: row_number ignores the
+-- frame, and PostgreSQL 15 would otherwise compare each row with the next to find its peers.
+-- `WHERE fifo_rank <= n` stops the numbering after n rows; `ORDER BY created_at, id LIMIT n`
+-- reads n rows of the index. `ORDER BY fifo_rank LIMIT n` alone still numbers the whole queue:
+-- the planner cannot tell that fifo_rank follows (created_at, id) (docs/analysts.md).
 CREATE OR REPLACE VIEW sftq.analyst_queue AS
-SELECT row_number() OVER (ORDER BY j.created_at, j.id) AS fifo_rank,
-       j.id, u.name AS user_name, j.kind, j.gpu_count, j.created_at,
-       j.id = u.head_job_id AS is_user_head,
+SELECT q.fifo_rank, q.id, u.name AS user_name, q.kind, q.gpu_count, q.created_at,
+       q.id = u.head_job_id AS is_user_head,
        u.running_count >= u.max_running AS user_at_cap
-  FROM sftq.jobs j
-  JOIN sftq.users u ON u.id = j.user_id
- WHERE j.state = 'QUEUED';
+  FROM (SELECT row_number() OVER (ORDER BY j.created_at, j.id ROWS UNBOUNDED PRECEDING) AS fifo_rank,
+               j.id, j.user_id, j.kind, j.gpu_count, j.created_at
+          FROM sftq.jobs j
+         WHERE j.state = 'QUEUED') q
+  JOIN sftq.users u ON u.id = q.user_id;
 COMMENT ON VIEW sftq.analyst_queue IS 'The queue in FIFO order, with whether each job heads its user''s queue and whether that user is at cap.';
 
 -- Per day of the session's time zone (sql/procedures/160_analyst_daily.sql has the design).
