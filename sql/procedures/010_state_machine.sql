@@ -115,7 +115,7 @@ BEGIN
                THEN v_job.gpu_count * extract(epoch FROM v_job.completed_at - v_job.started_at) ELSE 0 END
      WHERE u.id = v_job.user_id;
 
-    -- analyst_daily's rollup (160_analyst_daily.sql) counted this job's UTC day already: log the move.
+    -- A job created before analyst_daily's rollup horizon (160_analyst_daily.sql): log its move.
     IF v_job.created_at < (SELECT s.moves_before FROM sftq.daily_rollup_state s) THEN
         INSERT INTO sftq.daily_rollup_moves (hour, kind, from_state, to_state, gpu_hours)
         VALUES (date_trunc('hour', v_job.created_at, 'UTC'), v_job.kind, v_from, p_to,
