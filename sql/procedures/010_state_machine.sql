@@ -122,9 +122,16 @@ BEGIN
     IF v_from = 'QUEUED' THEN
         PERFORM sftq._queue_left(v_job.created_at, v_job.id);  -- its stretch's count
     END IF;
+    -- A job created before analyst_daily's rollup horizon (160_analyst_daily.sql): log its move.
+    IF v_job.created_at < (SELECT s.moves_before FROM sftq.daily_rollup_state s) THEN
+        INSERT INTO sftq.daily_rollup_moves (hour, kind, from_state, to_state, gpu_hours)
+        VALUES (date_trunc('hour', v_job.created_at, 'UTC'), v_job.kind, v_from, p_to,
+                v_job.gpu_count * extract(epoch FROM v_job.completed_at - v_job.started_at) / 3600);
+    END IF;
+
     PERFORM sftq._event(p_job_id, p_now, p_actor, p_event, p_to, p_detail, v_from, p_to);
     RETURN v_job;
 END
 $$;
 COMMENT ON FUNCTION sftq._transition(uuid, text, timestamptz, text, text, jsonb, text) IS
-    'Moves one job along the state machine, sets started_at/completed_at, keeps the owner''s counters and head (and, for a job leaving the queue, its stretch''s count: sftq._queue_left), and writes the event row. Locking contract: locks the job row, then its owner''s user row. Callers take sftq._gate() first.';
+    'Moves one job along the state machine, sets started_at/completed_at, keeps the owner''s counters and head (and, for a job leaving the queue, its stretch''s count: sftq._queue_left), logs the move for analyst_daily''s rollup when the job''s UTC day is rolled up (sftq.daily_rollup_moves), and writes the event row. Locking contract: locks the job row, then its owner''s user row. Callers take sftq._gate() first (the rollup relies on it too).';

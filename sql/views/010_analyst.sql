@@ -56,19 +56,76 @@ SELECT u.id, u.name, u.created_at, u.disabled_at, u.max_running,
   FROM sftq.users u;
 COMMENT ON VIEW sftq.analyst_users IS 'Users with their cap and current running and queued counts (no key material).';
 
+-- fifo_rank numbers the QUEUED jobs straight from jobs_queued_idx, and the owner is joined
+-- after numbering (a hash of the users, not one probe per job). ROWS: row_number ignores the
+-- frame, and PostgreSQL 15 would otherwise compare each row with the next to find its peers.
+-- `WHERE fifo_rank <= n` stops the numbering after n rows; `ORDER BY created_at, id LIMIT n`
+-- reads n rows of the index. `ORDER BY fifo_rank LIMIT n` alone still numbers the whole queue:
+-- the planner cannot tell that fifo_rank follows (created_at, id) (docs/analysts.md).
 CREATE OR REPLACE VIEW sftq.analyst_queue AS
-SELECT row_number() OVER (ORDER BY j.created_at, j.id) AS fifo_rank,
-       j.id, u.name AS user_name, j.kind, j.gpu_count, j.created_at,
-       j.id = u.head_job_id AS is_user_head,
+SELECT q.fifo_rank, q.id, u.name AS user_name, q.kind, q.gpu_count, q.created_at,
+       q.id = u.head_job_id AS is_user_head,
        u.running_count >= u.max_running AS user_at_cap
-  FROM sftq.jobs j
-  JOIN sftq.users u ON u.id = j.user_id
- WHERE j.state = 'QUEUED';
+  FROM (SELECT row_number() OVER (ORDER BY j.created_at, j.id ROWS UNBOUNDED PRECEDING) AS fifo_rank,
+               j.id, j.user_id, j.kind, j.gpu_count, j.created_at
+          FROM sftq.jobs j
+         WHERE j.state = 'QUEUED') q
+  JOIN sftq.users u ON u.id = q.user_id;
 COMMENT ON VIEW sftq.analyst_queue IS 'The queue in FIFO order, with whether each job heads its user''s queue and whether that user is at cap.';
 
+-- Per day of the session's time zone (sql/procedures/160_analyst_daily.sql has the design).
+-- For the UTC days that are over: the rollup with the moves not folded in yet; a UTC day that
+-- is exactly one day of the session's zone (every day in UTC) is read from daily_rollup, by
+-- its index; another one from daily_rollup_hours, each hour to the day it lies in; an hour in
+-- which the zone's day changes is counted from its jobs, as are the days not rolled up yet
+-- (today). A group whose jobs all moved to other states is not shown, as before. The jobs
+-- are read per range of created_at (jobs_created_brin_idx), driven by the state row and the
+-- list of hours (OFFSET 0 keeps that order: the planner cannot know how few jobs a range
+-- holds, and would rather scan every job in parallel against an empty list; the list comes
+-- from a function that says it has one row, or the plan would be costed as if it had a
+-- thousand, and a server with jit on would compile it at every query).
 CREATE OR REPLACE VIEW sftq.analyst_daily AS
-SELECT date_trunc('day', j.created_at) AS day, j.kind, j.state, count(*) AS jobs,
-       sum(j.gpu_count * extract(epoch FROM j.completed_at - j.started_at) / 3600) AS gpu_hours
-  FROM sftq.jobs j
- GROUP BY 1, 2, 3;
-COMMENT ON VIEW sftq.analyst_daily IS 'Jobs and GPU hours per day of enqueue, kind and state.';
+SELECT d.day, d.kind, d.state, sum(d.jobs)::bigint AS jobs, sum(d.gpu_hours) AS gpu_hours
+  FROM (SELECT r.day, r.kind, r.state, r.jobs, r.gpu_hours
+          FROM sftq.daily_rollup r
+         WHERE date_trunc('day', r.day) = r.day
+           AND date_trunc('day', r.day + interval '24 hours') = r.day + interval '24 hours'
+           AND date_trunc('day', r.day + interval '24 hours' - interval '1 microsecond') = r.day
+        UNION ALL
+        SELECT date_trunc('day', r.hour), r.kind, r.state, r.jobs, r.gpu_hours
+          FROM sftq.daily_rollup_state s
+         CROSS JOIN LATERAL generate_series(s.rolled_from, s.rolled_through - interval '24 hours',
+                                            interval '24 hours') g (day)
+          JOIN sftq.daily_rollup_hours r ON r.day = g.day
+         WHERE NOT (date_trunc('day', g.day) = g.day
+                    AND date_trunc('day', g.day + interval '24 hours') = g.day + interval '24 hours'
+                    AND date_trunc('day', g.day + interval '24 hours' - interval '1 microsecond') = g.day)
+           AND date_trunc('day', r.hour) = date_trunc('day', r.hour + interval '1 hour' - interval '1 microsecond')
+        UNION ALL
+        SELECT date_trunc('day', m.hour), m.kind, x.state, x.jobs, x.gpu_hours
+          FROM sftq.daily_rollup_moves m
+         CROSS JOIN LATERAL (VALUES (m.from_state, -1, NULL::numeric),
+                                    (m.to_state, 1, m.gpu_hours)) x (state, jobs, gpu_hours)
+         WHERE m.hour < (SELECT s.rolled_through FROM sftq.daily_rollup_state s)
+           AND date_trunc('day', m.hour) = date_trunc('day', m.hour + interval '1 hour' - interval '1 microsecond')
+        UNION ALL
+        SELECT date_trunc('day', t.created_at), t.kind, t.state, 1, t.gpu_hours
+          FROM sftq.daily_rollup_state s
+         CROSS JOIN LATERAL (
+               SELECT j.created_at, j.kind, j.state,
+                      j.gpu_count * extract(epoch FROM j.completed_at - j.started_at) / 3600 AS gpu_hours
+                 FROM sftq.jobs j
+                WHERE j.created_at >= s.rolled_through
+               OFFSET 0) t
+        UNION ALL
+        SELECT date_trunc('day', t.created_at), t.kind, t.state, 1, t.gpu_hours
+          FROM sftq.analyst_daily_split_hours() h (hour)
+         CROSS JOIN LATERAL (
+               SELECT j.created_at, j.kind, j.state,
+                      j.gpu_count * extract(epoch FROM j.completed_at - j.started_at) / 3600 AS gpu_hours
+                 FROM sftq.jobs j
+                WHERE j.created_at >= h.hour AND j.created_at < h.hour + interval '1 hour'
+               OFFSET 0) t) d
+ GROUP BY d.day, d.kind, d.state
+HAVING sum(d.jobs) > 0;
+COMMENT ON VIEW sftq.analyst_daily IS 'Jobs and GPU hours per day of enqueue (in the session''s time zone), kind and state.';

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import psycopg
 import pytest
 
-from .conftest import Q
+from .conftest import T0, Q
 
 
 def test_analyst_reads_redacted_views_only(q: Q) -> None:
@@ -51,6 +52,39 @@ def test_analyst_reads_redacted_views_only(q: Q) -> None:
             q.conn.execute("SELECT * FROM sftq.admit(100)")
     finally:
         q.conn.execute("RESET ROLE")
+
+
+def test_analyst_reads_the_rolled_up_views_in_any_time_zone_and_not_the_rollup(q: Q) -> None:
+    a = q.user("a")
+    day = T0.replace(hour=0, minute=0, second=0, microsecond=0)
+    q.enqueue(a, "SFT", 4, at=day - timedelta(hours=1))
+    q.enqueue(a, "DPO", 2, at=day - timedelta(minutes=10))
+    # The first tick of a day moves the rollup's horizon on, the next one rolls the day up.
+    for at in (day + timedelta(minutes=1), day + timedelta(minutes=2)):
+        tick = q.one("SELECT sftq.tick_begin('t', interval '2 minutes', %s)", at)
+        q.one("SELECT sftq.tick_finish(%s, '{}'::jsonb, %s)::text", tick, at)
+    assert q.one("SELECT count(*) FROM sftq.daily_rollup") == 2
+    q.admit(8, day + timedelta(minutes=3))  # a move not folded in yet
+    q.conn.execute("SET ROLE sftq_analyst")
+    try:
+        for zone in ("UTC", "Asia/Kolkata", "America/New_York"):
+            q.conn.execute(f"SET TIME ZONE '{zone}'")
+            rows = q.all("SELECT kind, state, jobs FROM sftq.analyst_daily ORDER BY kind")
+            assert rows == [("DPO", "QUEUED", 1), ("SFT", "PROGRESS", 1)], zone
+        assert q.one("SELECT count(*) FROM sftq.analyst_queue WHERE fifo_rank <= 10") == 1
+        for forbidden in (
+            "SELECT * FROM sftq.daily_rollup",
+            "SELECT * FROM sftq.daily_rollup_hours",
+            "SELECT * FROM sftq.daily_rollup_moves",
+            "SELECT * FROM sftq.daily_rollup_state",
+            "SELECT sftq.daily_rollup_refresh()",
+            "SELECT sftq.daily_rollup_rebuild()",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                q.conn.execute(forbidden)
+    finally:
+        q.conn.execute("RESET ROLE")
+        q.conn.execute("SET TIME ZONE 'UTC'")
 
 
 def test_api_role_can_only_execute_the_api_entry_points(q: Q) -> None:
