@@ -8,7 +8,8 @@ bookkeeping that sftq.enqueue and sftq._transition keep in sftq.users (queued_co
 running_count, head_job_id, head_created_at) is then set by ONE UPDATE computed from the
 loaded rows (`FIX_USERS`), which gives the same values the procedures would have kept.
 Then VACUUM ANALYZE, as autovacuum would do on a table this size, and analyst_daily's rollup
-of the days that are over (sftq.daily_rollup_rebuild), which the ticks would have kept.
+of the days that are over (sftq.daily_rollup_rebuild) and the queue's stretch counts
+(sftq.queue_buckets_rebuild), which the ticks would have kept.
 """
 
 from __future__ import annotations
@@ -175,6 +176,11 @@ def load(conn: psycopg.Connection[Any], *, queued: int, layout: str = "uniform",
     conn.execute("SELECT sftq.daily_rollup_rebuild()")
     conn.execute("ANALYZE sftq.daily_rollup, sftq.daily_rollup_hours")
     times["rollup_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    # Nor did the enqueues that keep the queue's stretch counts (the ticks' seals would have).
+    conn.execute("SELECT sftq.queue_buckets_rebuild()")
+    conn.execute("VACUUM ANALYZE sftq.queue_buckets")
+    times["queue_buckets_s"] = time.perf_counter() - t
     return times
 
 
