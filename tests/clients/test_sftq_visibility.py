@@ -183,7 +183,7 @@ def test_wait_live_line_shows_reason_position_estimate_then_progress(
     assert len(lines) == 6
     q = lines[0]
     assert f"{job['id']}  QUEUED" in q and "3 ahead" in q
-    assert "starts ~" in q and "(in 24m, estimate)" in q or "(in 25m, estimate)" in q
+    assert "starts ~" in q and ("(in 24m, estimate)" in q or "(in 25m, estimate)" in q)
     assert "You have 1 running job" in q
     p = lines[3]
     assert "PROGRESS" in p and "RUNNING 42% epoch 2" in p and "ends ~" in p

@@ -11,7 +11,7 @@ import time
 from datetime import UTC, datetime
 from typing import Final, TextIO
 
-from .._stream import StreamUnavailable, iter_stream, wait_streaming
+from .._stream import StreamUnavailable, iter_stream
 from ..models import EndEvent, Job, ProgressEvent, QueueEvent, StatusEvent, StreamEvent
 from ._common import (
     EXIT_OK,
@@ -94,20 +94,6 @@ class LiveLine:
             self._stream.write("\n")
             self._stream.flush()
             self._dirty = False
-
-
-def wait_live(ctx: Context, job_id: str, *, interval: float, timeout: float | None) -> Job:
-    """`sftq wait`: follow the job's stream; poll (with the old backoff) where there is none."""
-    line = LiveLine(sys.stderr, ctx.stderr_tty)
-    try:
-        try:
-            return wait_streaming(ctx.client, job_id, timeout=timeout, on_event=line)
-        except StreamUnavailable:
-            return ctx.client.wait(job_id, poll_interval=interval,
-                                   max_interval=max(60.0, interval), timeout=timeout,
-                                   on_progress=line)
-    finally:
-        line.close()
 
 
 # ---- sftq events ID --follow --------------------------------------------------------------------
