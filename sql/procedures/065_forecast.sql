@@ -684,14 +684,16 @@ AS $$
     ), usr AS (
         SELECT u.id, u.disabled_at IS NOT NULL AS disabled, u.running_count, u.max_running
           FROM sftq.users u WHERE u.id = ANY (p_user_ids)
-    ), walk AS (
+    ), walk AS MATERIALIZED (
         -- The walk admission would make now with the quota as last read.
         SELECT w.* FROM st CROSS JOIN LATERAL sftq._admission_walk(COALESCE(st.free_gpus, 0)) w
-    ), blocker AS (
+    ), blocker AS MATERIALIZED (
         SELECT w.job_id, w.created_at, w.gpu_count, w.budget_before FROM walk w WHERE NOT w.fits
-    ), fc AS (
+    ), fc AS MATERIALIZED (
         -- One simulation for every job listed (sftq.forecast with p_owners): each user gets
-        -- what a forecast of their own jobs alone would say.
+        -- what a forecast of their own jobs alone would say. MATERIALIZED: inlined, the
+        -- planner may put the forecast on the inner side of a nested loop and run it once
+        -- per listed job (seen: 200 jobs, 3.7 s).
         SELECT f.*
           FROM st CROSS JOIN LATERAL sftq.forecast(
                    NULL,

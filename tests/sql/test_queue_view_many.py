@@ -74,3 +74,22 @@ def test_the_stream_refresh_uses_the_ticks_settings(q: Q) -> None:
     # The last tick 40 s ago: healthy at a 30 s interval, stalled at 5 s.
     assert frame("30 seconds") == "next_tick"
     assert frame("5 seconds") == "scheduler_stalled"
+
+
+def test_one_forecast_for_every_listed_user(q: Q) -> None:
+    """The work is shared: one forecast for all the listed users' jobs, not one per user.
+    (Whether the planner keeps it out of a nested loop depends on its estimates; the stream
+    bench's 100-users/1-user row is what caught that once, at 2,000 queued.)"""
+    users = [q.user(f"u{i}") for i in range(100)]
+    now = t(0)
+    rows = [(users[i % 100], now - timedelta(seconds=200 - i)) for i in range(200)]
+    q.conn.cursor().executemany("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb, NULL, 4, NULL, %s)",
+                                rows)
+    q.conn.execute("ANALYZE sftq.jobs, sftq.users")
+    tick(q, now - timedelta(seconds=5), limit=24)
+    with q.conn.transaction():
+        q.conn.execute("SET LOCAL track_functions = 'pl'")
+        q.all("SELECT * FROM sftq.queue_view_many(%s, %s, %s, %s)", users, now, TICK, GRACE)
+        calls = dict(q.all("SELECT funcname, calls FROM pg_stat_xact_user_functions "
+                           "WHERE schemaname = 'sftq' AND funcname IN ('forecast', 'queue_ahead')"))
+    assert calls.get("forecast") == 1, calls
