@@ -147,17 +147,14 @@ def test_gpu_checks_catch_a_budget_that_forgets_jobs_the_usage_does_not_show_yet
 
 def test_nothing_lost_check_catches_a_201_without_a_row(
         db_url: str, make_sim: Any, make_gateway: Any, figures: dict[str, Any]) -> None:
-    # Answers 201 with a made-up job for one request in ten, storing nothing.
-    # (POST /jobs calls sftq.api_submit since queue timeouts; it is the one to break.)
-    load_broken(db_url, "procedures/075_retry_timeout.sql",
-                "CREATE OR REPLACE FUNCTION sftq.api_submit(",
-                "BEGIN\n    SELECT * INTO v_row FROM sftq.enqueue(",
-                "BEGIN\n    IF p_display_name LIKE '%3' THEN\n"
-                "        body := json_build_object('id', gen_random_uuid(), 'kind', p_kind,\n"
-                "            'state', 'QUEUED', 'created_at', sftq._iso(clock_timestamp()));\n"
-                "        replayed := false; job_id := (body ->> 'id')::uuid;\n"
-                "        RETURN NEXT; RETURN;\n    END IF;\n"
-                "    SELECT * INTO v_row FROM sftq.enqueue(")
+    # Answers 201 with a made-up job for one request in ten: the body names a job that was
+    # never stored. (POST /jobs calls sftq.api_submit_many since the group commit; it is the
+    # one to break.)
+    load_broken(db_url, "procedures/100_api.sql",
+                "CREATE OR REPLACE FUNCTION sftq.api_submit_many(",
+                "json_build_object('id', e.id,",
+                "json_build_object('id', CASE WHEN p_display_names[e.ord] LIKE '%3' "
+                "THEN gen_random_uuid() ELSE e.id END,")
     result = run_load(db_url, make_sim, make_gateway, SHORT)
     figures.update(expect(result, "nothing lost (at the end)"))
 
