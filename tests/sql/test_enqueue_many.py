@@ -35,12 +35,18 @@ def _setup(q: Q) -> dict[str, int]:
 
 def _state(q: Q) -> list[tuple[Any, ...]]:
     """What the requests left behind, without ids or times: each user's jobs in FIFO order,
-    their events, and the admission bookkeeping."""
-    return q.all(
+    their events, and the admission bookkeeping (counters, and the head by its name)."""
+    jobs = q.all(
         "SELECT u.name, j.kind, j.display_name, j.gpu_count, j.idempotency_key, "
         "j.queue_timeout_seconds, (SELECT array_agg(e.event ORDER BY e.id) FROM sftq.job_events e "
         "WHERE e.job_id = j.id) FROM sftq.jobs j JOIN sftq.users u ON u.id = j.user_id "
         "ORDER BY j.created_at, j.id")
+    users = q.all(
+        "SELECT u.name, u.queued_count, u.sft_count, u.dpo_count, u.rft_count, h.display_name, "
+        "h.id IS NOT DISTINCT FROM (SELECT j.id FROM sftq.jobs j WHERE j.user_id = u.id "
+        "AND j.state = 'QUEUED' ORDER BY j.created_at, j.id LIMIT 1) "
+        "FROM sftq.users u LEFT JOIN sftq.jobs h ON h.id = u.head_job_id ORDER BY u.name")
+    return [*jobs, *users]
 
 
 def _answers(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -79,6 +85,7 @@ def test_a_batch_is_what_its_requests_alone_would_be(q: Q, reqs: list[tuple[Any,
             alone.append((i + 1, *row[1:]))
         one_by_one = _answers(alone)
         after_alone = _state(q)
+        assert q.all(COUNTER_DRIFT) == []
     assert batch == one_by_one
     assert after_batch == after_alone
 
