@@ -142,9 +142,6 @@ RETURNS TABLE (ord integer, id uuid, kind text, state text, created_at timestamp
                replayed boolean, err_state text, err_message text, err_detail text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
--- Its statements take arrays whose length the planner cannot know: with custom plans it
--- plans them again at every call (most of a small batch's cost); one generic plan fits all.
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     n          integer := COALESCE(cardinality(p_user_ids), 0);
@@ -377,9 +374,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SQ401', MESSAGE = 'user not found or disabled';
     END IF;
     SELECT * INTO v_row
-      FROM sftq.enqueue_many(ARRAY[p_user_id], ARRAY[p_kind], ARRAY[p_payload],
-                             ARRAY[p_display_name], ARRAY[p_gpu_count], ARRAY[p_idempotency_key],
-                             ARRAY[p_queue_timeout_seconds], ARRAY[p_retry_of],
+      FROM sftq._enqueue_one(p_user_id, p_kind, p_payload, p_display_name, p_gpu_count,
+                             p_idempotency_key, p_queue_timeout_seconds, p_retry_of,
                              p_default_queue_timeout, p_now) e;
     IF v_row.err_detail IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = v_row.err_state, MESSAGE = v_row.err_message,
@@ -391,4 +387,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sftq.enqueue(bigint, text, jsonb, text, integer, text, timestamptz, integer, uuid, integer) IS
-    'Adds a QUEUED job (sftq.enqueue_many for one). With an idempotency key, the same key and body returns the first job (replayed = true); a different body raises SQ419. p_queue_timeout_seconds (or else the operator''s p_default_queue_timeout) sets how long it may stay QUEUED before a tick cancels it; p_retry_of names the job it retries. Writes the job''s first event (queued, with detail.retry_of for a retry). Locking contract: admission gate (shared), the new job row, then the owner''s user row.';
+    'Adds a QUEUED job (what sftq.enqueue_many does for one request: sftq._enqueue_one). With an idempotency key, the same key and body returns the first job (replayed = true); a different body raises SQ419. p_queue_timeout_seconds (or else the operator''s p_default_queue_timeout) sets how long it may stay QUEUED before a tick cancels it; p_retry_of names the job it retries. Writes the job''s first event (queued, with detail.retry_of for a retry). Locking contract: admission gate (shared), the new job row, then the owner''s user row.';

@@ -27,6 +27,24 @@ BEGIN
 END
 $$;
 
+-- The 201 body of POST /jobs, from an enqueue's row (NULL for a request that failed). No SET
+-- clause and a single expression, so the planner inlines it into the calling query instead
+-- of calling a function per row (search_path does not matter: every name is qualified or
+-- from pg_catalog).
+CREATE OR REPLACE FUNCTION sftq._enqueue_body(p_id uuid, p_kind text, p_state text,
+                                              p_created_at timestamptz, p_err_state text)
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_err_state IS NULL THEN
+               pg_catalog.json_build_object(
+                   'id', p_id, 'kind', p_kind, 'state', p_state,
+                   'created_at', pg_catalog.to_char(p_created_at AT TIME ZONE 'UTC',
+                                                    'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))::text END
+$$;
+COMMENT ON FUNCTION sftq._enqueue_body(uuid, text, text, timestamptz, text) IS
+    'The 201 body of POST /jobs ({id, kind, state, created_at}) for an enqueue''s row, NULL when it failed. Inlined by the planner (no SET clause on purpose).';
+
 CREATE OR REPLACE FUNCTION sftq.api_submit_many(
     p_key_hashes             bytea[],
     p_kinds                  text[],
@@ -44,13 +62,21 @@ AS $$
 BEGIN
     -- POST /jobs for the requests one server process received together (group commit): one
     -- round trip and one transaction, each request with its own answer, key and FIFO place.
-    -- PL/pgSQL rather than SQL, so that its plan is kept for the session.
+    -- PL/pgSQL rather than SQL, so that its plan is kept for the session. A request that
+    -- arrived alone takes the single-job path (sftq._enqueue_one), as a lone enqueue did
+    -- before batches (a UNION ALL of both paths behind one-time filters measured 20% more
+    -- instructions for it than this branch).
+    IF cardinality(p_key_hashes) = 1 THEN
+        RETURN QUERY
+            SELECT e.ord, sftq._enqueue_body(e.id, e.kind, e.state, e.created_at, e.err_state),
+                   e.replayed, e.id, e.err_state, e.err_message, e.err_detail
+              FROM sftq._enqueue_one(sftq.authenticate(p_key_hashes[1]), p_kinds[1], p_payloads[1],
+                                     p_display_names[1], p_gpu_counts[1], p_idempotency_keys[1],
+                                     p_queue_timeouts[1], NULL, p_default_queue_timeout, NULL) e;
+        RETURN;
+    END IF;
     RETURN QUERY
-        SELECT e.ord,
-               CASE WHEN e.err_state IS NULL THEN
-                   json_build_object('id', e.id, 'kind', e.kind, 'state', e.state,
-                                     'created_at', to_char(e.created_at AT TIME ZONE 'UTC',
-                                                           'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))::text END,
+        SELECT e.ord, sftq._enqueue_body(e.id, e.kind, e.state, e.created_at, e.err_state),
                e.replayed, e.id, e.err_state, e.err_message, e.err_detail
           FROM sftq.enqueue_many(sftq.authenticate_many(p_key_hashes), p_kinds, p_payloads,
                                  p_display_names, p_gpu_counts, p_idempotency_keys,
