@@ -50,7 +50,7 @@ HTTP_SPECS = [
     ServerSpec("granian wsgi 1x16", "granian", workers=1, threads=16),
 ]
 # The setup the goals are judged on: the first one installed (see docs/performance.md).
-RECOMMENDED_ORDER = ("granian wsgi 2x2", "gunicorn gthread 2x4")
+RECOMMENDED_ORDER = ("granian wsgi 2x8", "granian wsgi 2x2", "gunicorn gthread 2x4")
 FF_SPECS = [
     # functions-framework as shipped: its own gunicorn, 1 worker x (4 x CPUs) threads.
     ServerSpec("functions-framework 1x8 (default)", "ff", workers=1, threads=8),

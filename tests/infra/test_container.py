@@ -63,8 +63,8 @@ def test_the_image_runs_the_recommended_server() -> None:
     assert option(argv, "--interface") == "wsgi"
     assert argv[-1] == "sftq_server.gateway:create_app" and "--factory" in argv
     assert option(argv, "--host") == "0.0.0.0"
-    # docs/performance.md: "Recommended setup on 2 cores: granian, 2 worker processes x 2
-    # blocking threads (granian --interface wsgi --workers 2 --blocking-threads 2 ...)".
+    # docs/performance.md names the recommended layout ("granian --interface wsgi --workers N
+    # --blocking-threads M ..."): the image runs exactly that.
     doc = (ROOT / "docs" / "performance.md").read_text()
     recommended = re.search(r"`granian --interface wsgi --workers (\d+) --blocking-threads (\d+)",
                             doc)
