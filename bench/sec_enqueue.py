@@ -375,34 +375,35 @@ def _noadm_variant(conn: psycopg.Connection[Any]) -> None:
         assert row is not None
         return str(row[0])
 
-    many = source("sftq.enqueue_many(bigint[], text[], jsonb[], text[], integer[], text[], "
-                  "integer[], uuid[], integer, timestamptz)")
+    one = source("sftq._enqueue_one(bigint, text, jsonb, text, integer, text, integer, uuid, "
+                 "integer, timestamptz)")
     steps = [
-        (r"FUNCTION sftq\.enqueue_many\(", "FUNCTION sftq.enqueue_many_noadm("),
+        (r"FUNCTION sftq\._enqueue_one\(", "FUNCTION sftq._enqueue_one_noadm("),
         (r"PERFORM sftq\._gate\(\);", "-- (no admission gate)"),
         (r"INSERT INTO sftq\.jobs AS j", "INSERT INTO sftq.jobs_noadm AS j"),
         (r"FROM sftq\.jobs j\b", "FROM sftq.jobs_noadm j"),
-        # The owners' lock and their counters and heads: the whole bookkeeping step.
-        (r"SELECT array_agg\(DISTINCT t\.uid\) INTO v_owners.*?"
-         r"MESSAGE = 'user not found or disabled';\s+END IF;", "-- (no owners' bookkeeping)"),
-        (r"PERFORM sftq\._event_many\(v_ev_ids, v_ev_at, v_ev_by, 'queued', 'QUEUED', v_ev_det\);",
-         "INSERT INTO sftq.job_events_noadm (job_id, at, actor, event, state, detail) "
-         "SELECT e.j, e.a, e.b, 'queued', 'QUEUED', e.d "
-         "FROM unnest(v_ev_ids, v_ev_at, v_ev_by, v_ev_det) AS e(j, a, b, d);"),
+        # The owner's counters and head: the read its "disabled" check needs stays.
+        (r"UPDATE sftq\.users u\s+SET queued_count.*?RETURNING u\.name INTO v_name;",
+         "SELECT u.name INTO v_name FROM sftq.users u "
+         "WHERE u.id = p_user_id AND u.disabled_at IS NULL;"),
+        (r"PERFORM sftq\._event\(v_id, v_created, 'user:' \|\| v_name, 'queued', 'QUEUED',"
+         r"(.*?END)\);",
+         r"INSERT INTO sftq.job_events_noadm (job_id, at, actor, event, state, detail) "
+         r"SELECT v_id, v_created, 'user:' || v_name, 'queued', 'QUEUED', \1;"),
     ]
     for pattern, repl in steps:
-        many, count = re.subn(pattern, repl, many, flags=re.S)
+        one, count = re.subn(pattern, repl, one, flags=re.S)
         if count < 1:
-            raise RuntimeError(f"sftq.enqueue_many changed shape; cannot derive the variant "
+            raise RuntimeError(f"sftq._enqueue_one changed shape; cannot derive the variant "
                                f"({pattern})")
-    conn.execute(many)
-    one = source("sftq.enqueue(bigint, text, jsonb, text, integer, text, timestamptz, integer, "
-                 "uuid, integer)")
-    one, n1 = re.subn(r"FUNCTION sftq\.enqueue\(", "FUNCTION sftq.enqueue_noadm(", one)
-    one, n2 = re.subn(r"sftq\.enqueue_many\(", "sftq.enqueue_many_noadm(", one)
+    conn.execute(one)
+    wrapper = source("sftq.enqueue(bigint, text, jsonb, text, integer, text, timestamptz, "
+                     "integer, uuid, integer)")
+    wrapper, n1 = re.subn(r"FUNCTION sftq\.enqueue\(", "FUNCTION sftq.enqueue_noadm(", wrapper)
+    wrapper, n2 = re.subn(r"sftq\._enqueue_one\(", "sftq._enqueue_one_noadm(", wrapper)
     if n1 != 1 or n2 != 1:
         raise RuntimeError("sftq.enqueue changed shape; cannot derive the variant")
-    conn.execute(one)
+    conn.execute(wrapper)
 
 
 def run_admission_cost(b: Bench, n: int, rounds: int) -> dict[str, Any]:
