@@ -3,8 +3,8 @@ trip and one transaction (sftq.api_submit_many), each with its own answer, its o
 Idempotency-Key and its own place in the FIFO order.
 
 Why: most of an enqueue's database cost is per statement and per transaction (each table's
-constraints and indexes set up, the admission gate, the commit), not per job. A batch of 8
-costs about a third of 8 single enqueues (docs/performance.md).
+constraints and indexes set up, the admission gate, the commit), not per job. In a batch of 8
+a job costs the database less than half of what a lone enqueue costs (docs/performance.md).
 
 How: no timer and no extra thread. A request that finds no batch in flight leads: it takes
 every request waiting (its own first), runs them as one call, hands each its answer, then
