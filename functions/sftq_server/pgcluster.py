@@ -74,11 +74,20 @@ def find_bindir() -> Path:
     return Path(pgserver.__file__).parent / "pginstall" / "bin"
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A loopback port nothing listens on now, never one this process handed out before: the
+    kernel may give the same free port to two binds in a row, and a caller that asks twice (an
+    API and a simulator port) must get two different ports."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def _as_root() -> bool:

@@ -13,7 +13,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,8 @@ from typing import IO, Any
 
 import httpx
 import pytest
+
+from sftq_server.pgcluster import free_port  # the e2e tests import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
 # Credentials or URLs from a developer's shell must not steer these tests.
@@ -54,13 +55,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -152,8 +152,8 @@ def test_nothing_lost_check_catches_a_201_without_a_row(
     # one to break.)
     load_broken(db_url, "procedures/100_api.sql",
                 "CREATE OR REPLACE FUNCTION sftq.api_submit_many(",
-                "json_build_object('id', e.id,",
-                "json_build_object('id', CASE WHEN p_display_names[e.ord] LIKE '%3' "
+                "sftq._enqueue_body(e.id,",
+                "sftq._enqueue_body(CASE WHEN p_display_names[e.ord] LIKE '%3' "
                 "THEN gen_random_uuid() ELSE e.id END,")
     result = run_load(db_url, make_sim, make_gateway, SHORT)
     figures.update(expect(result, "nothing lost (at the end)"))

@@ -30,6 +30,7 @@ from sftq_client.webhooks import WebhookVerificationError, sign_webhook, verify_
 from sftq_server import webhooks
 from sftq_server.api import make_jobs_api
 from sftq_server.db import Database
+from sftq_server.pgcluster import free_port
 from sftq_server.settings import Settings
 from sftq_server.web import wsgi_app
 
@@ -246,7 +247,7 @@ def test_cli(sftq: Run, make_receiver: Callable[..., Receiver],
 def test_listen_verifies_and_prints_deliveries(
         dev_api: Any, alice: str, db: Db, make_deliverer: Callable[..., webhooks.Deliverer],
         tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     resp = dev_api.post("/webhooks", alice,
                         json={"url": f"http://127.0.0.1:{port}/", "events": ["job.*"]})
     secret = resp.json["secret"]
@@ -289,11 +290,3 @@ def test_listen_verifies_and_prints_deliveries(
     assert "rejected msg_forged" in log.read_text()
     statuses = db.conn.execute("SELECT status_code FROM sftq.webhook_attempts").fetchall()
     assert statuses == [(204,)] * 3
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
