@@ -114,6 +114,14 @@ def run(b: Bench) -> None:
               note=f"+ handler built (first request): {first:.0f} ms")
         b.add(SECTION, f"cold import + handler, {module}", first, "ms", goal="< 300",
               ok=first < 300, note="largest: " + ", ".join(f"{n} {ms:.0f}" for ms, n in top[:3]))
+    # What no entry can start without: the database driver and its pool, and pydantic (the
+    # submit body's validation). Below the entries' rows, the part of them that is ours.
+    floor = _wall("import psycopg, psycopg_pool, pydantic\nfrom pydantic import BaseModel", reps)
+    results["floor_ms"] = floor
+    b.add(SECTION, "cold import psycopg + psycopg_pool + pydantic (the floor)", floor, "ms",
+          note="third-party imports every entry needs before a line of ours: "
+               + ", ".join(f"{n} {ms:.0f}" for ms, n in _importtime(
+                   "import psycopg, psycopg_pool, pydantic")[:3]))
     ff = _wall("import functions_framework", reps)
     results["functions_framework_ms"] = ff
     b.add(SECTION, "cold import functions_framework (the host itself)", ff, "ms",
