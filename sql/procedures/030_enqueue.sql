@@ -4,6 +4,51 @@
 -- The signature grew a queue timeout and retry_of (issue 10): drop the old one.
 DROP FUNCTION IF EXISTS sftq.enqueue(bigint, text, jsonb, text, integer, text, timestamptz);
 
+-- What a request to enqueue is refused for before anything is written (NULL: nothing), and
+-- the hash an Idempotency-Key's replay is compared with: one definition for the single-job
+-- path and the batch. Single-expression SQL functions without a SET clause, so the planner
+-- inlines them into the calling statement; every function is qualified (search_path does not
+-- matter).
+CREATE OR REPLACE FUNCTION sftq._enqueue_refusal(p_user_id bigint, p_kind text, p_payload jsonb,
+                                                 p_display_name text, p_gpus integer,
+                                                 p_timeout integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_user_id IS NULL THEN 'missing, unknown or revoked API key'
+                WHEN p_kind IS NULL OR p_kind NOT IN ('SFT', 'DPO', 'RFT')
+                    THEN 'kind must be one of SFT, DPO, RFT'
+                WHEN p_payload IS NULL THEN 'fireworks_payload is required'
+                WHEN pg_catalog.jsonb_typeof(p_payload) <> 'object'
+                    THEN 'fireworks_payload must be a JSON object'
+                WHEN p_gpus NOT BETWEEN 1 AND 64 THEN 'gpu_count must be an integer from 1 to 64'
+                WHEN pg_catalog.char_length(p_display_name) > 256
+                    THEN 'display_name must be at most 256 characters'
+                WHEN p_timeout NOT BETWEEN 1 AND 2592000
+                    THEN 'queue_timeout_seconds must be an integer from 1 to 2592000 (30 days)'
+           END
+$$;
+COMMENT ON FUNCTION sftq._enqueue_refusal(bigint, text, jsonb, text, integer, integer) IS
+    'Why an enqueue request is refused before anything is written (the 400/401 message), NULL when it is not; p_gpus and p_timeout with their defaults applied. Inlined by the planner.';
+
+-- What the caller asked for: the operator's default timeout is not part of it, and a request
+-- without the newer fields hashes as it did before they existed.
+CREATE OR REPLACE FUNCTION sftq._request_hash(p_kind text, p_payload jsonb, p_display_name text,
+                                              p_gpus integer, p_asked_timeout integer,
+                                              p_retry_of uuid)
+RETURNS bytea
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.sha256(pg_catalog.convert_to(
+        CASE WHEN p_asked_timeout IS NULL AND p_retry_of IS NULL
+             THEN pg_catalog.jsonb_build_array(p_kind, p_payload, p_display_name, p_gpus)
+             ELSE pg_catalog.jsonb_build_array(p_kind, p_payload, p_display_name, p_gpus,
+                      pg_catalog.jsonb_build_object('queue_timeout_seconds', p_asked_timeout,
+                                                    'retry_of', p_retry_of)) END::text, 'UTF8'))
+$$;
+COMMENT ON FUNCTION sftq._request_hash(text, jsonb, text, integer, integer, uuid) IS
+    'The request hash stored with an Idempotency-Key (jobs.request_hash): what the caller asked for, p_gpus with its default applied. Inlined by the planner.';
+
 CREATE OR REPLACE FUNCTION sftq._enqueue_one(
     p_user_id                bigint,
     p_kind                   text,
@@ -36,18 +81,7 @@ BEGIN
     -- compares the two on random requests.
     ord := 1;
     replayed := false;
-    v_bad := CASE WHEN p_user_id IS NULL THEN 'missing, unknown or revoked API key'
-                  WHEN p_kind IS NULL OR p_kind NOT IN ('SFT', 'DPO', 'RFT')
-                      THEN 'kind must be one of SFT, DPO, RFT'
-                  WHEN p_payload IS NULL THEN 'fireworks_payload is required'
-                  WHEN jsonb_typeof(p_payload) <> 'object'
-                      THEN 'fireworks_payload must be a JSON object'
-                  WHEN v_gpus NOT BETWEEN 1 AND 64 THEN 'gpu_count must be an integer from 1 to 64'
-                  WHEN char_length(p_display_name) > 256
-                      THEN 'display_name must be at most 256 characters'
-                  WHEN v_timeout NOT BETWEEN 1 AND 2592000
-                      THEN 'queue_timeout_seconds must be an integer from 1 to 2592000 (30 days)'
-             END;
+    v_bad := sftq._enqueue_refusal(p_user_id, p_kind, p_payload, p_display_name, v_gpus, v_timeout);
     IF v_bad IS NOT NULL THEN
         err_state := CASE WHEN p_user_id IS NULL THEN 'SQ401' ELSE 'SQ400' END;
         err_message := v_bad;
@@ -64,12 +98,8 @@ BEGIN
         RETURN;
     END IF;
     IF p_idempotency_key IS NOT NULL THEN
-        v_hash := sha256(convert_to(
-            CASE WHEN p_queue_timeout_seconds IS NULL AND p_retry_of IS NULL
-                 THEN jsonb_build_array(p_kind, p_payload, p_display_name, v_gpus)
-                 ELSE jsonb_build_array(p_kind, p_payload, p_display_name, v_gpus,
-                          jsonb_build_object('queue_timeout_seconds', p_queue_timeout_seconds,
-                                             'retry_of', p_retry_of)) END::text, 'UTF8'));
+        v_hash := sftq._request_hash(p_kind, p_payload, p_display_name, v_gpus,
+                                     p_queue_timeout_seconds, p_retry_of);
     END IF;
 
     v_created := COALESCE(p_now, clock_timestamp());
@@ -192,19 +222,8 @@ BEGIN
         SELECT t.o::int AS o, t.uid, t.kind, t.payload, t.name, COALESCE(t.gpus, 4) AS gpus,
                t.idem, t.timeout AS asked_timeout,
                COALESCE(t.timeout, p_default_queue_timeout) AS timeout, t.retry_of,
-               CASE WHEN t.uid IS NULL THEN 'missing, unknown or revoked API key'
-                    WHEN t.kind IS NULL OR t.kind NOT IN ('SFT', 'DPO', 'RFT')
-                        THEN 'kind must be one of SFT, DPO, RFT'
-                    WHEN t.payload IS NULL THEN 'fireworks_payload is required'
-                    WHEN jsonb_typeof(t.payload) <> 'object'
-                        THEN 'fireworks_payload must be a JSON object'
-                    WHEN COALESCE(t.gpus, 4) NOT BETWEEN 1 AND 64
-                        THEN 'gpu_count must be an integer from 1 to 64'
-                    WHEN char_length(t.name) > 256
-                        THEN 'display_name must be at most 256 characters'
-                    WHEN COALESCE(t.timeout, p_default_queue_timeout) NOT BETWEEN 1 AND 2592000
-                        THEN 'queue_timeout_seconds must be an integer from 1 to 2592000 (30 days)'
-               END AS bad
+               sftq._enqueue_refusal(t.uid, t.kind, t.payload, t.name, COALESCE(t.gpus, 4),
+                                     COALESCE(t.timeout, p_default_queue_timeout)) AS bad
           FROM unnest(p_user_ids, p_kinds, p_payloads, p_display_names, p_gpu_counts,
                       p_idempotency_keys, p_queue_timeouts, v_retry)
                WITH ORDINALITY AS t(uid, kind, payload, name, gpus, idem, timeout, retry_of, o)
@@ -215,15 +234,9 @@ BEGIN
         SELECT i.o, i.uid, i.kind, i.payload, i.name, i.gpus, i.idem, i.timeout, i.retry_of,
                gen_random_uuid() AS id,
                v_base + (row_number() OVER (ORDER BY i.o) - 1) * interval '1 microsecond' AS created,
-               -- What the caller asked for: the operator's default timeout is not part of it,
-               -- and a request without the newer fields hashes as it did before they existed.
-               CASE WHEN i.idem IS NOT NULL THEN sha256(convert_to(
-                   CASE WHEN i.asked_timeout IS NULL AND i.retry_of IS NULL
-                        THEN jsonb_build_array(i.kind, i.payload, i.name, i.gpus)
-                        ELSE jsonb_build_array(i.kind, i.payload, i.name, i.gpus,
-                                 jsonb_build_object('queue_timeout_seconds', i.asked_timeout,
-                                                    'retry_of', i.retry_of)) END::text, 'UTF8'))
-               END AS hash
+               CASE WHEN i.idem IS NOT NULL
+                    THEN sftq._request_hash(i.kind, i.payload, i.name, i.gpus, i.asked_timeout,
+                                            i.retry_of) END AS hash
           FROM items i JOIN owners w ON w.id = i.uid
          WHERE i.bad IS NULL
     ), ins AS (
