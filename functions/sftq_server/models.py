@@ -66,8 +66,9 @@ class _Body(BaseModel):
     """Response shapes: strict about which keys exist, lenient about JSON number types.
 
     Built on first use (defer_build): no server process validates a response, so building
-    their validators at import cost every cold start about 35 ms for nothing; the tests, the
-    client and the OpenAPI generator build each one the first time they use it."""
+    their validators at import cost every cold start 10-15 ms for nothing (this module's import
+    after pydantic's: median 35 ms with them, 26 ms without); the tests, the client and the
+    OpenAPI generator build each one the first time they use it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
