@@ -28,6 +28,9 @@ RUN pip install --no-cache-dir $(test -f constraints.txt && echo -c constraints.
 
 COPY functions/ functions/
 COPY docs/openapi.json docs/openapi.json
+# Bytecode built once here: with PYTHONDONTWRITEBYTECODE every cold start would otherwise
+# compile our modules from source again (about 40 ms of a jobs-api first request).
+RUN python -m compileall -q functions/
 
 USER sftq
 EXPOSE 8080

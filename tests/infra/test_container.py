@@ -96,6 +96,11 @@ def test_the_image_is_built_from_the_right_things() -> None:
     for package in ("psycopg[binary]", "psycopg-pool", "pydantic", "httpx", "werkzeug", "granian",
                     "uvicorn", "cryptography"):
         assert wanted.get(package) == floors[package], package
+    # Bytecode is built in the image, after the sources are copied in: with
+    # PYTHONDONTWRITEBYTECODE set, every cold start would compile them again.
+    copy_at = steps.index(("COPY", "functions/ functions/"))
+    assert any(word == "RUN" and "compileall" in args and "functions/" in args
+               for word, args in steps[copy_at + 1:]), "the image does not compile functions/"
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "tests", "**/__pycache__"} <= set(ignored)
     assert "functions" not in ignored and "docs" not in ignored
