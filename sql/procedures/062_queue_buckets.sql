@@ -214,18 +214,24 @@ AS $$
     -- After the seal: every stretch, plus the jobs since the seal before it, counted in ONE
     -- walk shared by all such keys: each counts from the previous key to itself, and a
     -- running sum adds them up (so many keys in a long tail cost one pass over it).
+    -- The sealed total is the last stretch's sum before it plus its own count (both kept by
+    -- the seal), plus the deltas: one index probe, not a sum over every stretch. The deltas
+    -- are read per key only when there are any (after a seal there are none).
     WITH s AS (
         SELECT q.sealed_at,
-               (SELECT COALESCE(sum(b.queued), 0) FROM sftq.queue_buckets b)
-               + (SELECT COALESCE(sum(d.delta), 0) FROM sftq.queue_bucket_deltas d) AS sealed_total
+               COALESCE((SELECT b.before + b.queued FROM sftq.queue_buckets b
+                          ORDER BY b.lo_created_at DESC, b.lo_id DESC LIMIT 1), 0)
+               + (SELECT COALESCE(sum(d.delta), 0) FROM sftq.queue_bucket_deltas d) AS sealed_total,
+               EXISTS (SELECT 1 FROM sftq.queue_bucket_deltas d) AS has_deltas
           FROM sftq.queue_seal q
     ), k AS (
         SELECT t.c, t.i, t.o FROM unnest(p_created_at, p_ids) WITH ORDINALITY AS t(c, i, o)
     ), sealed AS (
         SELECT k.o,
                COALESCE(b.before, 0)
-               + (SELECT COALESCE(sum(d.delta), 0) FROM sftq.queue_bucket_deltas d
-                   WHERE (d.lo_created_at, d.lo_id) < (b.lo_created_at, b.lo_id))
+               + CASE WHEN s.has_deltas THEN
+                     (SELECT COALESCE(sum(d.delta), 0) FROM sftq.queue_bucket_deltas d
+                       WHERE (d.lo_created_at, d.lo_id) < (b.lo_created_at, b.lo_id)) ELSE 0 END
                + (SELECT count(*) FROM sftq.jobs j
                    WHERE j.state = 'QUEUED'
                      AND (j.created_at, j.id) >= (COALESCE(b.lo_created_at, '-infinity'),

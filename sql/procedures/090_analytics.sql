@@ -34,7 +34,7 @@ AS $$
         'global_gpu_in_use', (SELECT COALESCE(sum(j.gpu_count), 0)::bigint FROM sftq.jobs j WHERE j.state = 'PROGRESS'))
 $$;
 COMMENT ON FUNCTION sftq.queue_context(bigint, timestamptz, interval, interval) IS
-    'GET /jobs/analytics/queue: the caller''s running job; every one of their queued jobs (FIFO order) with queue_position = other users'' QUEUED jobs created earlier, waiting_reason, estimated_start_at and estimate (sftq.queue_view); global depth, running count and GPUs in use. Cost: the positions take one index-only walk of the queue up to the caller''s last queued job (O(its position)); the reasons one admission walk; the estimates a simulation bounded by its window and step count; the global figures read the users table and the running jobs only. Reads only, takes no locks.';
+    'GET /jobs/analytics/queue: the caller''s running job; every one of their queued jobs (FIFO order) with queue_position = other users'' QUEUED jobs created earlier, waiting_reason, estimated_start_at and estimate (sftq.queue_view); global depth, running count and GPUs in use. Cost: the positions come from the stretch counts (sftq.queue_ahead: a short index range per job, whatever the length of the queue); the reasons one admission walk and one sftq.waiting_reasons call; the estimates a simulation bounded by its window and step count; the global figures read the users table and the running jobs only. Reads only, takes no locks.';
 
 -- The one-argument form predates the waiting reasons: the defaults of the deployment
 -- settings (30 s ticks, 300 s usage grace), at now().

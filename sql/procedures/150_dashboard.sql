@@ -66,18 +66,33 @@ AS $$
         -- The walk admission would make now with the quota as last read (as sftq.queue_view).
         SELECT w.* FROM st CROSS JOIN LATERAL sftq._admission_walk(COALESCE(st.free_gpus, 0)) w
     ), blocker AS (
+        -- The head that does not fit, if any (the walk ends there: one row at most).
         SELECT w.job_id, w.created_at, w.gpu_count, w.budget_before FROM walk w WHERE NOT w.fits
-    ), reasons AS MATERIALIZED (
-        SELECT h.*, r.code, r.message
+    ), facts AS MATERIALIZED (
+        SELECT h.*, u.disabled_at IS NOT NULL AS disabled, u.running_count, u.max_running,
+               w.fits, w.budget_before, (b.created_at, b.job_id) < (h.created_at, h.id) AS behind_blocker
           FROM head h
           JOIN sftq.users u ON u.id = h.user_id
-         CROSS JOIN st
           LEFT JOIN walk w ON w.job_id = h.id
           LEFT JOIN blocker b ON true
-         CROSS JOIN LATERAL sftq.waiting_reason(
-               h.gpu_count, h.own_ahead, u.disabled_at IS NOT NULL, u.running_count, u.max_running,
-               w.fits, w.budget_before, b.gpu_count, b.budget_before,
-               (b.created_at, b.job_id) < (h.created_at, h.id), st.stalled) r
+    ), reasons AS MATERIALIZED (
+        -- Every listed job's reason in one call (sftq.waiting_reasons): job n's is element n.
+        SELECT f.*, rs.codes[f.position] AS code, rs.messages[f.position] AS message
+          FROM facts f
+         CROSS JOIN (
+               SELECT array_agg(r.code ORDER BY r.ord) AS codes,
+                      array_agg(r.message ORDER BY r.ord) AS messages
+                 FROM st CROSS JOIN LATERAL sftq.waiting_reasons(
+                          (SELECT array_agg(x.gpu_count ORDER BY x.position) FROM facts x),
+                          (SELECT array_agg(x.own_ahead ORDER BY x.position) FROM facts x),
+                          (SELECT array_agg(x.disabled ORDER BY x.position) FROM facts x),
+                          (SELECT array_agg(x.running_count ORDER BY x.position) FROM facts x),
+                          (SELECT array_agg(x.max_running ORDER BY x.position) FROM facts x),
+                          (SELECT array_agg(x.fits ORDER BY x.position) FROM facts x),
+                          (SELECT array_agg(x.budget_before ORDER BY x.position) FROM facts x),
+                          (SELECT array_agg(x.behind_blocker ORDER BY x.position) FROM facts x),
+                          (SELECT b.gpu_count FROM blocker b), (SELECT b.budget_before FROM blocker b),
+                          st.stalled) r) rs
     ), lists AS MATERIALIZED (
         -- The caller's listed jobs are the start of their queue, as sftq.forecast wants them
         -- for one user; all listed jobs are the head of the whole queue, as it wants them for
@@ -152,7 +167,7 @@ AS $$
               LEFT JOIN fc ON fc.job_id = r.id), '[]'::json))
 $$;
 COMMENT ON FUNCTION sftq.public_queue(bigint, integer, timestamptz, interval, interval) IS
-    'GET /queue: the first p_limit QUEUED jobs in FIFO order, anonymised: position (1 = first in line), kind, gpu_count, created_at, the waiting reason (sftq.waiting_reason over sftq._admission_walk with the budget of sftq.scheduler_status, exactly as sftq.queue_view) and the estimated start (sftq.forecast: once for the caller''s own jobs, which get the estimates GET /jobs/analytics/queue gives, and once for the whole list). Only the caller''s own jobs carry id and display_name; other users'' jobs carry neither, nor a user name, nor a payload, and their created_at is truncated to the second. Cost: one index range of p_limit entries of jobs_queued_idx, one admission walk, and two bounded forecasts (p_limit is at most 100), however many users are on the list. Reads only, takes no locks.';
+    'GET /queue: the first p_limit QUEUED jobs in FIFO order, anonymised: position (1 = first in line), kind, gpu_count, created_at, the waiting reason (sftq.waiting_reasons over sftq._admission_walk with the budget of sftq.scheduler_status, exactly as sftq.queue_view) and the estimated start (sftq.forecast: once for the caller''s own jobs, which get the estimates GET /jobs/analytics/queue gives, and once for the whole list). Only the caller''s own jobs carry id and display_name; other users'' jobs carry neither, nor a user name, nor a payload, and their created_at is truncated to the second. Cost: one index range of p_limit entries of jobs_queued_idx, one admission walk, and two bounded forecasts (p_limit is at most 100), however many users are on the list. Reads only, takes no locks.';
 
 CREATE OR REPLACE FUNCTION sftq.api_public_queue(
     p_key_hash       bytea,
