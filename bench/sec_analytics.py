@@ -51,6 +51,21 @@ ANALYST_QUERIES: dict[str, str] = {
 # days (read from the hourly rollup).
 ANALYST_GOALS = {"analyst_daily: last 30 days": 50.0,
                  "analyst_queue: first 100, ORDER BY fifo_rank": 10.0}
+VIEW_SQL = ("SELECT count(*) FROM sftq.queue_view(%s, now(), interval '30 seconds', "
+            "interval '5 minutes')")
+# The forecast's arguments as sftq.queue_view_many builds them for one user.
+FORECAST_ARGS_SQL = """
+    SELECT array_agg(q.id ORDER BY q.k), array_agg(q.queue_position + q.k - 1 ORDER BY q.k),
+           array_agg(q.kind ORDER BY q.k), array_agg(q.gpu_count ORDER BY q.k),
+           (SELECT s.free_gpus FROM sftq.scheduler_status(now(), interval '30 seconds',
+                                                          interval '5 minutes') s),
+           (SELECT s.last_tick_at FROM sftq.scheduler_status(now(), interval '30 seconds',
+                                                             interval '5 minutes') s),
+           array_agg(%s::bigint ORDER BY q.k)
+      FROM sftq.my_queue(%s) q"""
+FORECAST_SQL = (
+    "SELECT count(*) FROM sftq.forecast(NULL, %s, %s, %s, %s, now(), %s, %s, "
+    "interval '30 seconds', NULL, p_owners => %s)")
 ANALYST_ELSEWHERE = {
     "analyst_daily: last 30 days, TimeZone America/New_York": (
         "America/New_York", ANALYST_QUERIES["analyst_daily: last 30 days"]),
@@ -96,11 +111,17 @@ def run(b: Bench) -> None:
                                                  (uid,)), reps=reps))
                 q = summarize(time_calls(query(conn, "SELECT sftq.queue_context(%s)", (uid,)),
                                          reps=reps))
+                # Where the answer's time goes: the rows without the JSON, and the forecast
+                # alone over the same jobs (the arguments sftq.queue_view_many passes it).
+                view = summarize(time_calls(query(conn, VIEW_SQL, (uid,)), reps=reps))
+                fc_args = conn.execute(FORECAST_ARGS_SQL, (uid, uid)).fetchone()
+                fc = summarize(time_calls(query(conn, FORECAST_SQL, fc_args), reps=reps))
                 per_user[label] = {"user_id": uid, "jobs": int(jobs[0]) if jobs else 0,
                                    "queued": int(conn.execute(
                                        "SELECT queued_count FROM sftq.users WHERE id = %s",
                                        (uid,)).fetchone()[0]),
-                                   "summary": s, "positions": pos, "queue_context": q}
+                                   "summary": s, "positions": pos, "queue_context": q,
+                                   "queue_view": view, "forecast": fc}
             results["per_user"] = per_user
             t0 = dataset.T0
             analyst: dict[str, Any] = {}
@@ -140,6 +161,12 @@ def run(b: Bench) -> None:
               ok=q["p50"] < (5 if globals_only else 20),
               note=("globals only" if globals_only else "positions, waiting reasons and "
                     "estimates of every queued job") + f"; p95 {q['p95']:.2f}")
+        if not globals_only:
+            v, f = r["queue_view"], r["forecast"]
+            b.add(SECTION, "  of which the rows (sftq.queue_view, no JSON)", v["p50"], "ms",
+                  note=f"the JSON of {r['queued']} jobs and the globals: the rest")
+            b.add(SECTION, "  of which the forecast (sftq.forecast)", f["p50"], "ms",
+                  note="one simulation for all of them, called alone with the same arguments")
     for label, s in results["analyst"].items():
         goal = ANALYST_GOALS.get(label)
         b.add(SECTION, label, s["p50"], "ms", goal="" if goal is None else f"< {goal:g}",

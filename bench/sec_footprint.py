@@ -6,7 +6,8 @@ functions/ entry module: importing it (what the host does at boot), and
 importing it plus building its handler (what the first request adds: sftq_server, pydantic
 models, psycopg and its pool; no connection is opened). `-X importtime` names the largest
 imports. Our modules are compiled to bytecode first, as the Dockerfile's image ships them
-(the third-party ones were compiled when installed). Peak RSS: VmHWM of the server's worker processes after the HTTP enqueue load.
+(the third-party ones were compiled when installed). Peak RSS: VmHWM of the server's worker
+processes after the HTTP enqueue load.
 """
 
 from __future__ import annotations

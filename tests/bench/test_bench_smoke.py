@@ -19,6 +19,11 @@ SECTIONS = ("enqueue", "admission", "analytics", "tick", "stream", "visibility")
 
 # Rows each of these sections must print (by a part of their names free of the quick sizes).
 ROWS = {
+    "analytics": (
+        "queue analytics answer, typical user",
+        "of which the rows (sftq.queue_view, no JSON)",
+        "of which the forecast (sftq.forecast)",
+    ),
     "stream": (
         "idle streams: database queries per second",
         "idle streams: server RSS",
