@@ -227,9 +227,12 @@ CREATE OR REPLACE FUNCTION sftq.my_queue(
     p_upto_id     uuid DEFAULT 'ffffffff-ffff-ffff-ffff-ffffffffffff')
 RETURNS TABLE (id uuid, display_name text, kind text, gpu_count integer, created_at timestamptz,
                k bigint, queue_position bigint)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    -- PL/pgSQL for its plan cache, as sftq.queue_ahead.
+    RETURN QUERY
     WITH mine AS MATERIALIZED (
         SELECT q.*, row_number() OVER (ORDER BY q.created_at, q.id) AS k
           FROM (SELECT j.id, j.display_name, j.kind, j.gpu_count, j.created_at
@@ -244,7 +247,8 @@ AS $$
     )
     SELECT m.id, m.display_name, m.kind, m.gpu_count, m.created_at, m.k, a.ahead - (m.k - 1)
       FROM mine m JOIN ahead a ON a.ord = m.k
-     ORDER BY m.k
+     ORDER BY m.k;
+END
 $$;
 COMMENT ON FUNCTION sftq.my_queue(bigint, timestamptz, uuid) IS
     'The caller''s QUEUED jobs in FIFO order (all of them, or those up to and including (p_upto_at, p_upto_id)), with k (1 for their earliest) and queue_position = other users'' QUEUED jobs created earlier (the contract''s definition). Cost: the caller''s queued jobs (jobs_user_queued_idx) and sftq.queue_ahead for them: the stretch counts once and a short range per job, whatever the length of the queue. Reads only.';
