@@ -13,8 +13,7 @@ GRANT EXECUTE ON FUNCTION
     sftq._admission_walk(integer),
     sftq.waiting_reason(integer, bigint, boolean, integer, integer, boolean, integer, integer,
                         integer, boolean, text),
-    sftq.waiting_reasons(integer[], bigint[], boolean[], integer[], integer[], boolean[],
-                         integer[], boolean[], integer, integer, text)
+    sftq.waiting_reasons(sftq.waiting_facts[], integer, integer, text)
 TO sftq_scheduler;
 
 -- jobs_success_runs_idx is built on sftq.gpu_class: every role that moves a job to SUCCESS

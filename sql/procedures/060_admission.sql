@@ -153,16 +153,12 @@ COMMENT ON FUNCTION sftq.admit_for_quota(integer, numeric, interval, timestamptz
 -- another user's name or job id.
 -- Many jobs at once (one call, not one per job: a call of a function with its own
 -- search_path costs about 13 us, which a queue of 400 jobs paid 400 times): element i of
--- each array describes job i; the blocker and the stall are the walk's, the same for all.
+-- p_jobs is job i (sftq.waiting_facts); the blocker and the stall are the walk's, the same
+-- for all.
+DROP FUNCTION IF EXISTS sftq.waiting_reasons(integer[], bigint[], boolean[], integer[], integer[],
+                                             boolean[], integer[], boolean[], integer, integer, text);
 CREATE OR REPLACE FUNCTION sftq.waiting_reasons(
-    p_gpu_count      integer[],
-    p_own_ahead      bigint[],
-    p_disabled       boolean[],
-    p_running        integer[],
-    p_cap            integer[],
-    p_walk_fits      boolean[],
-    p_walk_free      integer[],
-    p_behind_blocker boolean[],
+    p_jobs           sftq.waiting_facts[],
     p_blocker_gpus   integer,
     p_blocker_free   integer,
     p_stalled        text DEFAULT NULL)
@@ -194,10 +190,8 @@ AS $$
                        t.gpu_count, GREATEST(t.walk_free, 0))
             ELSE 'Waiting for the next scheduler tick.' END
         END
-      FROM unnest(p_gpu_count, p_own_ahead, p_disabled, p_running, p_cap, p_walk_fits,
-                  p_walk_free, p_behind_blocker)
-           WITH ORDINALITY AS t (gpu_count, own_ahead, disabled, running, cap, walk_fits,
-                                 walk_free, behind_blocker, o)
+      FROM unnest(p_jobs) WITH ORDINALITY AS t (gpu_count, own_ahead, disabled, running, cap,
+                                                walk_fits, walk_free, behind_blocker, o)
      CROSS JOIN LATERAL (SELECT CASE
                 WHEN t.disabled THEN 'user_disabled'
                 WHEN p_stalled IS NOT NULL THEN 'scheduler_stalled'
@@ -210,8 +204,8 @@ AS $$
             END AS code) c
      ORDER BY t.o
 $$;
-COMMENT ON FUNCTION sftq.waiting_reasons(integer[], bigint[], boolean[], integer[], integer[], boolean[], integer[], boolean[], integer, integer, text) IS
-    'Why each of several QUEUED jobs waits, as (ord, code, message), ord being the job''s index in the arrays, from the admission walk (sftq._admission_walk): per job its GPUs, how many of its owner''s queued jobs come before it, whether the owner is disabled, their running jobs and cap, walk_fits (true when the walk admits the job, false when it is the head that does not fit, NULL when the walk does not reach it), the budget left before it in the walk, and whether it comes after the walk''s non-fitting head; p_blocker_* describe that head. Precedence: user_disabled, scheduler_stalled (p_stalled is its message), behind_own_queued_job, behind_own_running_job, next_tick, does_not_fit, behind_job_that_does_not_fit. Messages give numbers, never another user''s name or job id. Pure.';
+COMMENT ON FUNCTION sftq.waiting_reasons(sftq.waiting_facts[], integer, integer, text) IS
+    'Why each of several QUEUED jobs waits, as (ord, code, message), ord being the job''s index in p_jobs (sftq.waiting_facts: its GPUs, its owner''s queued jobs before it, whether the owner is disabled, their running jobs and cap; walk_fits true when the admission walk (sftq._admission_walk) admits it, false when it is the head that does not fit, NULL when the walk does not reach it; the budget left before it in the walk; whether it comes after the walk''s non-fitting head); p_blocker_* describe that head. Precedence: user_disabled, scheduler_stalled (p_stalled is its message), behind_own_queued_job, behind_own_running_job, next_tick, does_not_fit, behind_job_that_does_not_fit. Messages give numbers, never another user''s name or job id. Pure.';
 
 CREATE OR REPLACE FUNCTION sftq.waiting_reason(
     p_gpu_count      integer,
@@ -230,10 +224,10 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT r.code, r.message
-      FROM sftq.waiting_reasons(ARRAY[p_gpu_count], ARRAY[p_own_ahead], ARRAY[p_disabled],
-                                ARRAY[p_running], ARRAY[p_cap], ARRAY[p_walk_fits],
-                                ARRAY[p_walk_free], ARRAY[p_behind_blocker], p_blocker_gpus,
-                                p_blocker_free, p_stalled) r
+      FROM sftq.waiting_reasons(
+               ARRAY[ROW(p_gpu_count, p_own_ahead, p_disabled, p_running, p_cap, p_walk_fits,
+                         p_walk_free, p_behind_blocker)::sftq.waiting_facts],
+               p_blocker_gpus, p_blocker_free, p_stalled) r
 $$;
 COMMENT ON FUNCTION sftq.waiting_reason(integer, bigint, boolean, integer, integer, boolean, integer, integer, integer, boolean, text) IS
     'Why one QUEUED job waits, as {code, message}: sftq.waiting_reasons for that job alone (its arguments say what they mean). Pure.';
@@ -272,14 +266,10 @@ AS $$
         -- Every job's code in one call (sftq.waiting_reasons): job n's is element n.
         SELECT array_agg(r.code ORDER BY r.ord) AS codes
           FROM sftq.waiting_reasons(
-                   (SELECT array_agg(x.gpu_count ORDER BY x.n) FROM q x),
-                   (SELECT array_agg(x.own_ahead ORDER BY x.n) FROM q x),
-                   (SELECT array_agg(x.disabled ORDER BY x.n) FROM q x),
-                   (SELECT array_agg(x.running_count ORDER BY x.n) FROM q x),
-                   (SELECT array_agg(x.max_running ORDER BY x.n) FROM q x),
-                   (SELECT array_agg(x.fits ORDER BY x.n) FROM q x),
-                   (SELECT array_agg(x.budget_before ORDER BY x.n) FROM q x),
-                   (SELECT array_agg(x.behind_blocker ORDER BY x.n) FROM q x),
+                   (SELECT array_agg(ROW(x.gpu_count, x.own_ahead, x.disabled, x.running_count,
+                                         x.max_running, x.fits, x.budget_before,
+                                         x.behind_blocker)::sftq.waiting_facts ORDER BY x.n)
+                      FROM q x),
                    (SELECT b.gpu_count FROM blocker b), (SELECT b.budget_before FROM blocker b)) r
     )
     SELECT q.n, q.id, q.user_name, q.kind, q.gpu_count, q.created_at,

@@ -706,14 +706,10 @@ AS $$
         SELECT array_agg(r.code ORDER BY r.ord) AS codes,
                array_agg(r.message ORDER BY r.ord) AS messages
           FROM st CROSS JOIN LATERAL sftq.waiting_reasons(
-                   (SELECT array_agg(x.gpu_count ORDER BY x.g) FROM m x),
-                   (SELECT array_agg(x.k - 1 ORDER BY x.g) FROM m x),
-                   (SELECT array_agg(x.disabled ORDER BY x.g) FROM m x),
-                   (SELECT array_agg(x.running_count ORDER BY x.g) FROM m x),
-                   (SELECT array_agg(x.max_running ORDER BY x.g) FROM m x),
-                   (SELECT array_agg(x.fits ORDER BY x.g) FROM m x),
-                   (SELECT array_agg(x.budget_before ORDER BY x.g) FROM m x),
-                   (SELECT array_agg(x.behind_blocker ORDER BY x.g) FROM m x),
+                   (SELECT array_agg(ROW(x.gpu_count, x.k - 1, x.disabled, x.running_count,
+                                         x.max_running, x.fits, x.budget_before,
+                                         x.behind_blocker)::sftq.waiting_facts ORDER BY x.g)
+                      FROM m x),
                    (SELECT b.gpu_count FROM blocker b), (SELECT b.budget_before FROM blocker b),
                    st.stalled) r
     ), fc AS (
