@@ -164,6 +164,24 @@ def test_job_resource_shape_and_lifecycle(
     assert done["completedTime"] == done["updateTime"] > done["createTime"]
 
 
+def test_a_job_completes_at_its_end_whatever_the_clock_reads() -> None:
+    # A monotonic clock reads a large float: (t0 + 100.0) - t0 can come out a hair under
+    # 100.0. The job must still be COMPLETED once its 100 seconds have passed, not stay in
+    # WRITING_RESULTS for a rounding error (seen as a flaky scheduler test).
+    t0 = next(t for t in (1000.0 + k * 0.1234567 for k in range(100_000))
+              if (t + 100.0) - t < 100.0)
+    sim = Simulator(job_seconds=100.0, clock=lambda: t0)
+    with (
+        SimulatorServer(sim) as srv,
+        httpx.Client(base_url=srv.url, headers={"Authorization": "Bearer k"}, timeout=5.0) as http,
+    ):
+        _create(http, "dpoJobs", "edge", {"dataset": "d"})
+        sim.advance(99.5)
+        assert http.get(f"{BASE}/dpoJobs/edge").json()["state"] == "JOB_STATE_WRITING_RESULTS"
+        sim.advance(0.5)
+        assert http.get(f"{BASE}/dpoJobs/edge").json()["state"] == "JOB_STATE_COMPLETED"
+
+
 def test_zero_job_seconds_never_completes_on_its_own(
     clock: Callable[[], float], advance: Callable[[float], None]
 ) -> None:

@@ -167,6 +167,13 @@ class SimState:
         return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
     @staticmethod
+    def _age(job: SimJob, now: float) -> float:
+        # To the microsecond: clock readings are large floats, and (t0 + 100.0) - t0 can come
+        # out a hair under 100.0, which would put a job at the very end of its run a phase
+        # early. No provider reports time finer than that.
+        return round(now - job.created, 6)
+
+    @staticmethod
     def _phase_seconds(job: SimJob) -> float:
         # CREATING then PENDING share the first min(1 s, job_seconds / 10); WRITING_RESULTS
         # takes as long at the end. A job that never finishes by itself (0) goes straight
@@ -177,7 +184,7 @@ class SimState:
         """The job's state at `now` and when it entered it."""
         if job.final_state is not None and job.final_at is not None:
             return job.final_state, job.final_at
-        elapsed = now - job.created
+        elapsed = self._age(job, now)
         total = job.job_seconds
         if total > 0 and elapsed >= total:
             return COMPLETED, job.created + total
@@ -199,7 +206,7 @@ class SimState:
             return {"percent": 100, "epoch": epochs}
         if state not in ("JOB_STATE_RUNNING", "JOB_STATE_WRITING_RESULTS"):
             return None
-        fraction = max(0.0, min(1.0, (now - job.created) / job.job_seconds))
+        fraction = max(0.0, min(1.0, self._age(job, now) / job.job_seconds))
         percent = max(0, min(99, int(100 * fraction)))
         return {"percent": percent, "epoch": min(epochs, int(fraction * epochs) + 1)}
 
@@ -232,7 +239,7 @@ class SimState:
         held = sum(
             job.gpus
             for job in self._jobs.values()
-            if now - job.created >= self._usage_lag
+            if self._age(job, now) >= self._usage_lag
             and self._state(job, now)[0] not in TERMINAL_STATES
         )
         return held + self._external_usage
@@ -515,7 +522,7 @@ class SimState:
                     "kind": COLLECTIONS[job.collection][0],
                     "gpuCount": job.gpus,
                     "countsInUsage": resource["state"] not in TERMINAL_STATES
-                    and now - job.created >= self._usage_lag,
+                    and self._age(job, now) >= self._usage_lag,
                 }
                 result.append(resource)
             return result
