@@ -257,11 +257,14 @@ def test_listen_verifies_and_prints_deliveries(
     env["PYTHONUNBUFFERED"] = "1"
     log = tmp_path / "listen.err"
     with open(log, "wb") as errors:
+        # Started with SIGINT ignored, as a shell without job control starts a background
+        # process: Ctrl-C (SIGINT) must still stop it.
         proc = subprocess.Popen(
             [sys.executable, "-c", "import sys; sys.modules['sftq_server'] = None; "
              "from sftq_client.cli import main; raise SystemExit(main())",
              "webhooks", "listen", "--port", str(port), "--secret", secret],
-            env=env, stdout=subprocess.PIPE, stderr=errors, text=True)
+            env=env, stdout=subprocess.PIPE, stderr=errors, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         try:
             wait_until(lambda: "listening on" in log.read_text(), 15, "the listener")
             job = dev_api.enqueue(alice)
@@ -288,5 +291,6 @@ def test_listen_verifies_and_prints_deliveries(
     assert any("webhook.test verified" in line for line in lines)
     assert "duplicate" in lines[2]
     assert "rejected msg_forged" in log.read_text()
+    assert log.read_text().rstrip().endswith("stopped")
     statuses = db.conn.execute("SELECT status_code FROM sftq.webhook_attempts").fetchall()
     assert statuses == [(204,)] * 3

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -221,12 +222,23 @@ def serve_listener(host: str, port: int, secret: str, *, as_json: bool = False,
                               daemon=True)
     thread.start()
     stopper = stop or threading.Event()
+    # Ctrl-C and SIGTERM stop it, set here rather than left to Python's default: a process
+    # started in the background by a shell that has no job control inherits SIGINT ignored,
+    # and would otherwise keep listening after Ctrl-C or a supervisor's SIGTERM.
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, frame: stopper.set())
     try:
         while not stopper.wait(0.2):
             pass
+        if previous:
+            err("stopped")
     except KeyboardInterrupt:
         err("stopped")
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         server.shutdown()
         server.server_close()
     return EXIT_OK
