@@ -340,6 +340,7 @@ DECLARE
     v_ix         integer;
     v_ahead_left bigint;
     v_note       text;
+    v_extrapolated text;
     i            integer;
     -- No user: p_jobs are the first jobs of the whole queue, whoever they belong to.
     v_all        boolean := p_user_id IS NULL AND p_owners IS NULL;
@@ -582,17 +583,19 @@ BEGIN
     v_note := CASE WHEN p_fixed_run IS NOT NULL
                    THEN format('fixed run time of %s per job', sftq._human_seconds(p_fixed_run::numeric))
                    ELSE 'run times from the provider''s progress or recent similar jobs' END;
+    -- What every extrapolated answer says after its own count of jobs ahead, worded once.
+    v_extrapolated := format(' jobs ahead, beyond the %s admissions simulated, at their rate of %s jobs per hour; %s',
+                             v_steps, round((v_rate * 3600)::numeric, 1), v_note);
     IF v_multi THEN
         -- Each job's owner, as that owner's own forecast sees it: whether they may run
         -- anything, and their job `cap` places earlier (the cap admits theirs one by one).
-        SELECT array_agg(u.disabled_at IS NULL ORDER BY t.o), array_agg(u.max_running ORDER BY t.o),
+        SELECT array_agg(t.ok ORDER BY t.o), array_agg(t.cap ORDER BY t.o),
                array_agg(t.prev ORDER BY t.o)
           INTO o_ok, o_cap, o_prev
-          FROM (SELECT t.uid, t.o,
+          FROM (SELECT t.o, usr.disabled_at IS NULL AS ok, usr.max_running AS cap,
                        lag(t.o, GREATEST(usr.max_running, 1)) OVER (PARTITION BY t.uid ORDER BY t.o) AS prev
                   FROM unnest(p_owners) WITH ORDINALITY AS t(uid, o)
-                  JOIN sftq.users usr ON usr.id = t.uid) t
-          JOIN sftq.users u ON u.id = t.uid;
+                  JOIN sftq.users usr ON usr.id = t.uid) t;
     END IF;
     FOR i IN 1 .. cardinality(p_jobs) LOOP
         job_id := p_jobs[i];
@@ -627,8 +630,7 @@ BEGIN
             END IF;
             v_est[i] := v_base + ceil((v_est[i] - v_base) / v_tick) * v_tick;
             estimated_start_at := p_now + v_est[i] * interval '1 second';
-            basis := format('extrapolated: %s jobs ahead, beyond the %s admissions simulated, at their rate of %s jobs per hour; %s',
-                            p_ahead[i], v_steps, round((v_rate * 3600)::numeric, 1), v_note);
+            basis := concat('extrapolated: ', p_ahead[i], v_extrapolated);
         ELSE
             estimated_start_at := NULL;
             basis := CASE v_stop
@@ -721,13 +723,16 @@ AS $$
         SELECT array_agg(f.estimated_start_at ORDER BY f.o) AS starts,
                array_agg(f.basis ORDER BY f.o) AS bases
           FROM st CROSS JOIN LATERAL sftq.forecast(
-                   NULL,
+                   -- One user: their own forecast (the same answers, without the per-owner
+                   -- bookkeeping); several: one simulation for all of them.
+                   CASE WHEN cardinality(p_user_ids) = 1 THEN p_user_ids[1] END,
                    (SELECT array_agg(x.id ORDER BY x.g) FROM m x),
                    (SELECT array_agg(x.ahead ORDER BY x.g) FROM m x),
                    (SELECT array_agg(x.kind ORDER BY x.g) FROM m x),
                    (SELECT array_agg(x.gpu_count ORDER BY x.g) FROM m x),
                    p_now, st.free_gpus, st.last_tick_at, p_tick_interval, p_fixed_run,
-                   p_owners => (SELECT array_agg(x.user_id ORDER BY x.g) FROM m x))
+                   p_owners => CASE WHEN cardinality(p_user_ids) > 1
+                                    THEN (SELECT array_agg(x.user_id ORDER BY x.g) FROM m x) END)
                WITH ORDINALITY AS f (job_id, estimated_start_at, basis, o)
          WHERE st.stalled IS NULL
     )
