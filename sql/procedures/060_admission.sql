@@ -262,7 +262,7 @@ AS $$
           JOIN sftq.users u ON u.id = j.user_id
           LEFT JOIN walk w ON w.job_id = j.id
           LEFT JOIN blocker b ON true
-    ), rs AS (
+    ), rs AS MATERIALIZED (
         -- Every job's code in one call (sftq.waiting_reasons): job n's is element n.
         SELECT array_agg(r.code ORDER BY r.ord) AS codes
           FROM sftq.waiting_reasons(
