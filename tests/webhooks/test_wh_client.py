@@ -282,7 +282,13 @@ def test_listen_verifies_and_prints_deliveries(
             assert forged.status_code == 400
         finally:
             proc.send_signal(signal.SIGINT)
-            out, _ = proc.communicate(timeout=15)
+            try:
+                out, _ = proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired as exc:
+                proc.kill()  # never leave it running: fail with what it wrote
+                proc.communicate()
+                raise AssertionError(
+                    f"the listener did not stop on SIGINT\n{log.read_text()}") from exc
     lines = out.splitlines()
     assert proc.returncode == 0, log.read_text()
     assert len(lines) == 3, lines
