@@ -98,9 +98,12 @@ CREATE OR REPLACE FUNCTION sftq.median_run(
     p_longer_than   float8 DEFAULT 0)
 RETURNS TABLE (seconds float8, samples integer)
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
+-- No SET clause, and every function qualified (search_path does not matter), so that the
+-- planner inlines it into the calling statement: the forecast's statements, PL/pgSQL with
+-- cached plans, then plan it once instead of the SQL function executor planning it again at
+-- every statement that calls it.
 AS $$
-    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY r.d), count(*)::int
+    SELECT pg_catalog.percentile_cont(0.5) WITHIN GROUP (ORDER BY r.d), pg_catalog.count(*)::int
       FROM (SELECT extract(epoch FROM j.completed_at - j.started_at)::float8 AS d
               FROM sftq.jobs j
              WHERE j.state = 'SUCCESS' AND j.kind = p_kind
@@ -111,7 +114,7 @@ AS $$
              LIMIT 200) r
 $$;
 COMMENT ON FUNCTION sftq.median_run(text, integer, timestamptz, float8) IS
-    'Median run time (seconds) of the newest 200 SUCCESS jobs of this kind and GPU class (sftq.gpu_class) that finished in the 30 days before p_now and ran longer than p_longer_than seconds, and how many there were (0: seconds is NULL). The newest 200 rather than all 30 days keep it a short range scan of jobs_success_runs_idx and follow recent changes in the workload. Reads only.';
+    'Median run time (seconds) of the newest 200 SUCCESS jobs of this kind and GPU class (sftq.gpu_class) that finished in the 30 days before p_now and ran longer than p_longer_than seconds, and how many there were (0: seconds is NULL). The newest 200 rather than all 30 days keep it a short range scan of jobs_success_runs_idx and follow recent changes in the workload. Inlined by the planner. Reads only.';
 
 CREATE OR REPLACE FUNCTION sftq.finish_estimate(
     p_job_id        uuid,
@@ -617,9 +620,15 @@ BEGIN
                             p_ahead[i], CASE WHEN p_ahead[i] = 1 THEN '' ELSE 's' END,
                             v_running, GREATEST(p_budget, 0), v_note);
         ELSIF v_stop IN ('steps', 'horizon') AND v_rate IS NOT NULL THEN
-            v_ahead_left := p_ahead[i] - CASE WHEN v_ix > 0
-                THEN (SELECT count(*) FROM unnest(w_start[1:v_ix - 1]) s WHERE s IS NOT NULL)
-                ELSE v_steps END;
+            -- Two statements, not one with a CASE: an expression with a subquery runs through
+            -- the executor every time, a simple one does not (the common case, a job beyond
+            -- the window, is simple).
+            IF v_ix > 0 THEN
+                v_ahead_left := p_ahead[i]
+                    - (SELECT count(*) FROM unnest(w_start[1:v_ix - 1]) s WHERE s IS NOT NULL);
+            ELSE
+                v_ahead_left := p_ahead[i] - v_steps;
+            END IF;
             v_est[i] := v_t + (GREATEST(v_ahead_left, 0) + 1) / v_rate;
             IF v_multi THEN
                 IF o_prev[i] IS NOT NULL AND v_est[o_prev[i]] IS NOT NULL THEN
