@@ -98,12 +98,14 @@ CREATE OR REPLACE FUNCTION sftq.median_run(
     p_longer_than   float8 DEFAULT 0)
 RETURNS TABLE (seconds float8, samples integer)
 LANGUAGE sql STABLE
--- No SET clause, and every function qualified (search_path does not matter), so that the
--- planner inlines it into the calling statement: the forecast's statements, PL/pgSQL with
--- cached plans, then plan it once instead of the SQL function executor planning it again at
--- every statement that calls it.
+-- Not inlined, on purpose (its SET clause prevents it): inlined into the forecast's
+-- statements it changes their row estimates (one row for its answer instead of a function
+-- scan's default), and the plans built on them have been much worse (tried: the window's
+-- jobs joined with their users as a nested loop, the forecast 3-4x slower on the visibility
+-- bench's history).
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT pg_catalog.percentile_cont(0.5) WITHIN GROUP (ORDER BY r.d), pg_catalog.count(*)::int
+    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY r.d), count(*)::int
       FROM (SELECT extract(epoch FROM j.completed_at - j.started_at)::float8 AS d
               FROM sftq.jobs j
              WHERE j.state = 'SUCCESS' AND j.kind = p_kind
@@ -114,7 +116,7 @@ AS $$
              LIMIT 200) r
 $$;
 COMMENT ON FUNCTION sftq.median_run(text, integer, timestamptz, float8) IS
-    'Median run time (seconds) of the newest 200 SUCCESS jobs of this kind and GPU class (sftq.gpu_class) that finished in the 30 days before p_now and ran longer than p_longer_than seconds, and how many there were (0: seconds is NULL). The newest 200 rather than all 30 days keep it a short range scan of jobs_success_runs_idx and follow recent changes in the workload. Inlined by the planner. Reads only.';
+    'Median run time (seconds) of the newest 200 SUCCESS jobs of this kind and GPU class (sftq.gpu_class) that finished in the 30 days before p_now and ran longer than p_longer_than seconds, and how many there were (0: seconds is NULL). The newest 200 rather than all 30 days keep it a short range scan of jobs_success_runs_idx and follow recent changes in the workload. Reads only.';
 
 CREATE OR REPLACE FUNCTION sftq.finish_estimate(
     p_job_id        uuid,
@@ -381,15 +383,18 @@ BEGIN
           FROM (SELECT j.id, j.user_id, j.gpu_count, j.kind, j.created_at
                   FROM sftq.jobs j WHERE j.state = 'QUEUED'
                  ORDER BY j.created_at, j.id LIMIT p_window) j
-    ), wu AS (
-        SELECT d.user_id, row_number() OVER (ORDER BY d.user_id)::int AS uix,
-               usr.running_count, usr.max_running, usr.disabled_at IS NULL AS ok, d.head
-          FROM (SELECT w.user_id, min(w.ix) AS head FROM w GROUP BY w.user_id) d
-          JOIN sftq.users usr ON usr.id = d.user_id
+    ), wx AS MATERIALIZED (
+        -- One sort by (user, place) numbers the users, links each job to its owner's next
+        -- one and marks each owner's head: no join of the jobs with their users, which a
+        -- plan built on a low row estimate ran as a nested loop (600 jobs x 600 users).
+        SELECT w.*, dense_rank() OVER (ORDER BY w.user_id)::int AS uix,
+               COALESCE(lead(w.ix) OVER (PARTITION BY w.user_id ORDER BY w.ix), 0) AS nxt,
+               lag(w.ix) OVER (PARTITION BY w.user_id ORDER BY w.ix) IS NULL AS is_head
+          FROM w
     ), kc AS MATERIALIZED (
         -- Run times by (kind, gpu_count): one median per kind and GPU class, looked up once.
         SELECT kg.kind, kg.gpu_count, sftq.gpu_class(kg.gpu_count) AS c
-          FROM (SELECT DISTINCT w.kind, w.gpu_count FROM w) kg
+          FROM (SELECT DISTINCT x.kind, x.gpu_count FROM wx x) kg
     ), med AS MATERIALIZED (
         SELECT c.kind, c.c, CASE WHEN m.samples > 0 THEN m.seconds END AS seconds
           FROM (SELECT DISTINCT kc.kind, kc.c FROM kc) c
@@ -397,26 +402,29 @@ BEGIN
     ), dur AS MATERIALIZED (
         SELECT kc.kind, kc.gpu_count, med.seconds
           FROM kc JOIN med ON med.kind = kc.kind AND med.c = kc.c
-    ), wx AS (
-        SELECT w.*, wu.uix,
-               COALESCE(lead(w.ix) OVER (PARTITION BY w.user_id ORDER BY w.ix), 0) AS nxt,
-               COALESCE(p_fixed_run, dur.seconds, sftq.default_run_seconds()) AS dur
-          FROM w
-          JOIN wu ON wu.user_id = w.user_id
-          JOIN dur ON dur.kind = w.kind AND dur.gpu_count = w.gpu_count
+    ), wu AS MATERIALIZED (
+        -- The window's users, one row each (at their head).
+        SELECT x.uix, x.user_id, x.ix AS head, usr.running_count, usr.max_running,
+               usr.disabled_at IS NULL AS ok
+          FROM wx x JOIN sftq.users usr ON usr.id = x.user_id
+         WHERE x.is_head
     )
     -- Each aggregate reads a subquery sorted once (an aggregate fed by a sorted subquery
     -- keeps that order), instead of sorting again per array.
-    SELECT a.*, b.*, (SELECT array_agg(wu.head ORDER BY wu.head) FROM wu
-                       WHERE wu.ok AND wu.running_count < wu.max_running)
-      FROM (SELECT array_agg(x.id), array_agg(x.uix), array_agg(x.gpu_count), array_agg(x.dur),
+    SELECT a.*, b.*
+      FROM (SELECT array_agg(x.id), array_agg(x.uix), array_agg(x.gpu_count),
+                   array_agg(COALESCE(p_fixed_run, x.seconds, sftq.default_run_seconds())),
                    array_agg(x.nxt),
                    array_agg(x.ix) FILTER (WHERE CASE WHEN v_multi THEN x.id = ANY (p_jobs)
                                                       ELSE v_all OR x.user_id = p_user_id END),
                    array_agg(v_multi AND x.id = ANY (p_jobs))
-              FROM (SELECT * FROM wx ORDER BY wx.ix) x) a,
+              FROM (SELECT wx.*, dur.seconds FROM wx
+                      JOIN dur ON dur.kind = wx.kind AND dur.gpu_count = wx.gpu_count
+                     ORDER BY wx.ix) x) a,
            (SELECT array_agg(y.user_id), array_agg(y.running_count), array_agg(y.max_running),
-                   array_agg(y.ok), array_agg(y.head)
+                   array_agg(y.ok), array_agg(y.head),
+                   array_agg(y.head ORDER BY y.head)
+                       FILTER (WHERE y.ok AND y.running_count < y.max_running)
               FROM (SELECT * FROM wu ORDER BY wu.uix) y) b
       INTO w_id, w_u, w_g, w_d, w_next, w_mine, w_is_mine, u_ids, u_run, u_cap, u_ok, u_head, e;
     v_n := COALESCE(cardinality(w_id), 0);

@@ -468,7 +468,7 @@ BEGIN
       FROM sftq.stream_watchers w WHERE w.expires_at > now();
     -- The same numbers GET /jobs/analytics/queue answers for every queued job of each
     -- watched user (one source of truth), for all of them at once: one lookup of the jobs
-    -- ahead per job, one admission walk and one forecast, whoever many users watch.
+    -- ahead per job, one admission walk and one forecast, however many users watch.
     WITH cur AS MATERIALIZED (
         SELECT v.user_id, v.id AS job_id, v.queue_position,
                CASE WHEN v.waiting_code IS NOT NULL
