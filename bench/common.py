@@ -305,6 +305,14 @@ class CpuMeter:
         return self.used
 
 
+def steal_seconds() -> float:
+    """CPU seconds the hypervisor gave other guests instead of this machine since boot (the
+    steal column of /proc/stat, summed over CPUs): time a virtual machine's measurement lost
+    without any process here using it. 0 where the kernel does not report it."""
+    parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    return int(parts[7]) / _CLK if len(parts) > 7 else 0.0
+
+
 def background_cores(seconds: float = 2.0) -> float:
     """Cores' worth of CPU the machine is busy with right now (before the bench loads it)."""
     meter = CpuMeter({})

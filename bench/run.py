@@ -11,6 +11,7 @@ figures to bench/results/ as JSON. Figures to compare are ratios from the same r
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -21,7 +22,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import loadgen  # noqa: E402
-from common import BENCH, Bench, background_cores, machine_info, write_json  # noqa: E402
+from common import (  # noqa: E402
+    BENCH,
+    Bench,
+    background_cores,
+    machine_info,
+    steal_seconds,
+    write_json,
+)
 
 # Sections whose HTTP figures need wrk to be comparable with the direct (in-process) ones.
 HTTP_SECTIONS = ("enqueue", "footprint", "profile")
@@ -32,6 +40,9 @@ NOT_COMPARABLE = ("HTTP ratios are not comparable in this run: wrk is not instal
 
 # Above this much CPU used by other processes, the run says its figures are disturbed.
 QUIET_CORES = 0.25
+# Above this share of the CPU taken by the hypervisor (steal time) during a section, the run
+# says that section's figures are disturbed.
+STEAL_NOTE = 0.02
 
 SECTIONS = ("enqueue", "admission", "analytics", "tick", "footprint", "profile", "stream",
             "webhooks",
@@ -101,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     failed: list[str] = []
     section_seconds: dict[str, float] = {}
+    section_steal: dict[str, float] = {}
     try:
         busy = background_cores()
         deadline = time.monotonic() + args.wait_quiet
@@ -126,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"\n== {name} ==", flush=True)
             t0 = time.monotonic()
+            steal0 = steal_seconds()
             try:
                 _module(name).run(b)
             except KeyboardInterrupt:
@@ -134,7 +147,16 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(name)
                 traceback.print_exc()
             section_seconds[name] = round(time.monotonic() - t0, 1)
-            print(f"   ({section_seconds[name]} s)", flush=True)
+            # Steal time: the hypervisor ran other guests on this machine's CPUs. The
+            # other-process shares the sections measure do not see it.
+            share = (steal_seconds() - steal0) / max(section_seconds[name] * (os.cpu_count() or 1),
+                                                     1e-9)
+            section_steal[name] = round(share, 3)
+            print(f"   ({section_seconds[name]} s; steal {share:.1%} of the CPU)", flush=True)
+            if share > STEAL_NOTE:
+                b.notes.append(f"the hypervisor took {share:.1%} of the machine's CPU during the "
+                               f"{name} section (steal time): its figures are disturbed; run "
+                               "it again")
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         failed.append("interrupted")
@@ -149,9 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     for note in b.notes:
         print(f"note: {note}")
     print(f"\ntotal {total:.0f} s; sections: "
-          + ", ".join(f"{k} {v} s" for k, v in section_seconds.items()))
+          + ", ".join(f"{k} {v} s" for k, v in section_seconds.items())
+          + "; steal: " + ", ".join(f"{k} {v:.1%}" for k, v in section_steal.items()))
     payload = {"started": stamp, "quick": args.quick, "sections": chosen,
-               "section_seconds": section_seconds, "total_seconds": round(total, 1),
+               "section_seconds": section_seconds, "section_steal": section_steal,
+               "total_seconds": round(total, 1),
                "failed": failed, "notes": b.notes,
                "rows": [r.__dict__ for r in b.rows], "data": b.data}
     out = b.out_dir / "results.json"

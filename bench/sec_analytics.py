@@ -9,11 +9,13 @@ then 100 more QUEUED jobs of user 1000 at the very end of the queue (a user deep
 from __future__ import annotations
 
 import json
+import os
+import time
 from typing import Any
 
 import dataset
 import psycopg
-from common import Bench, query, summarize, time_calls
+from common import Bench, query, steal_seconds, summarize, time_calls
 
 SECTION = "analytics"
 
@@ -113,8 +115,12 @@ def run(b: Bench) -> None:
                              (tick[0], json.dumps({"quota_limit": 64, "quota_usage": 40})))
                 pos = summarize(time_calls(query(conn, "SELECT count(*) FROM sftq.my_queue(%s)",
                                                  (uid,)), reps=reps))
+                steal0, t0 = steal_seconds(), time.monotonic()
                 q = summarize(time_calls(query(conn, "SELECT sftq.queue_context(%s)::text", (uid,)),
                                          reps=reps))
+                # The share of the CPU the hypervisor took meanwhile (steal time).
+                q["steal"] = (steal_seconds() - steal0) / (
+                    (time.monotonic() - t0) * (os.cpu_count() or 1))
                 # Where the answer's time goes: the rows without the JSON, and the forecast
                 # alone over the same jobs (the arguments sftq.queue_view_many passes it).
                 view = summarize(time_calls(query(conn, VIEW_SQL, (uid,)), reps=reps))
@@ -164,7 +170,8 @@ def run(b: Bench) -> None:
               goal="< 5" if globals_only else "< 20",
               ok=q["p50"] < (5 if globals_only else 20),
               note=("globals only" if globals_only else "positions, waiting reasons and "
-                    "estimates of every queued job") + f"; p95 {q['p95']:.2f}")
+                    "estimates of every queued job") + f"; p95 {q['p95']:.2f}"
+                   + f"; steal {q['steal']:.0%}")
         if not globals_only:
             v, f = r["queue_view"], r["forecast"]
             b.add(SECTION, "  of which the rows (sftq.queue_view, no JSON)", v["p50"], "ms",
