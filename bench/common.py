@@ -231,6 +231,12 @@ def summarize(ms: list[float]) -> dict[str, float]:
 _CLK = os.sysconf("SC_CLK_TCK")
 
 
+def _proc_stat_cpu() -> list[int]:
+    """The machine-wide `cpu` line of /proc/stat, in clock ticks: user, nice, system, idle,
+    iowait, irq, softirq, steal, ..."""
+    return [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+
+
 def proc_cpu_seconds(pid: int) -> float:
     """CPU time of one process (its live threads), in seconds; 0 if it is gone.
 
@@ -285,8 +291,7 @@ class CpuMeter:
 
     @staticmethod
     def _system_busy() -> float:
-        parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-        vals = [int(x) for x in parts]
+        vals = _proc_stat_cpu()
         idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
         return (sum(vals[:8]) - idle) / _CLK
 
@@ -309,8 +314,20 @@ def steal_seconds() -> float:
     """CPU seconds the hypervisor gave other guests instead of this machine since boot (the
     steal column of /proc/stat, summed over CPUs): time a virtual machine's measurement lost
     without any process here using it. 0 where the kernel does not report it."""
-    parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    return int(parts[7]) / _CLK if len(parts) > 7 else 0.0
+    vals = _proc_stat_cpu()
+    return vals[7] / _CLK if len(vals) > 7 else 0.0
+
+
+def steal_mark() -> tuple[float, float]:
+    """Where a steal_share() measurement starts: the steal so far and the time."""
+    return steal_seconds(), time.monotonic()
+
+
+def steal_share(mark: tuple[float, float]) -> float:
+    """The share of the machine's CPU the hypervisor took since `mark` (steal_mark())."""
+    stolen, t0 = mark
+    elapsed = time.monotonic() - t0
+    return (steal_seconds() - stolen) / max(elapsed * (os.cpu_count() or 1), 1e-9)
 
 
 def background_cores(seconds: float = 2.0) -> float:

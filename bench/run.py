@@ -11,7 +11,6 @@ figures to bench/results/ as JSON. Figures to compare are ratios from the same r
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
@@ -27,7 +26,8 @@ from common import (  # noqa: E402
     Bench,
     background_cores,
     machine_info,
-    steal_seconds,
+    steal_mark,
+    steal_share,
     write_json,
 )
 
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"\n== {name} ==", flush=True)
             t0 = time.monotonic()
-            steal0 = steal_seconds()
+            steal0 = steal_mark()
             try:
                 _module(name).run(b)
             except KeyboardInterrupt:
@@ -149,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             section_seconds[name] = round(time.monotonic() - t0, 1)
             # Steal time: the hypervisor ran other guests on this machine's CPUs. The
             # other-process shares the sections measure do not see it.
-            share = (steal_seconds() - steal0) / max(section_seconds[name] * (os.cpu_count() or 1),
-                                                     1e-9)
+            share = steal_share(steal0)
             section_steal[name] = round(share, 3)
             print(f"   ({section_seconds[name]} s; steal {share:.1%} of the CPU)", flush=True)
             if share > STEAL_NOTE:

@@ -9,13 +9,11 @@ then 100 more QUEUED jobs of user 1000 at the very end of the queue (a user deep
 from __future__ import annotations
 
 import json
-import os
-import time
 from typing import Any
 
 import dataset
 import psycopg
-from common import Bench, query, steal_seconds, summarize, time_calls
+from common import Bench, query, steal_mark, steal_share, summarize, time_calls
 
 SECTION = "analytics"
 
@@ -115,12 +113,11 @@ def run(b: Bench) -> None:
                              (tick[0], json.dumps({"quota_limit": 64, "quota_usage": 40})))
                 pos = summarize(time_calls(query(conn, "SELECT count(*) FROM sftq.my_queue(%s)",
                                                  (uid,)), reps=reps))
-                steal0, t0 = steal_seconds(), time.monotonic()
+                stolen = steal_mark()
                 q = summarize(time_calls(query(conn, "SELECT sftq.queue_context(%s)::text", (uid,)),
                                          reps=reps))
                 # The share of the CPU the hypervisor took meanwhile (steal time).
-                q["steal"] = (steal_seconds() - steal0) / (
-                    (time.monotonic() - t0) * (os.cpu_count() or 1))
+                q["steal"] = steal_share(stolen)
                 # Where the answer's time goes: the rows without the JSON, and the forecast
                 # alone over the same jobs (the arguments sftq.queue_view_many passes it).
                 view = summarize(time_calls(query(conn, VIEW_SQL, (uid,)), reps=reps))
