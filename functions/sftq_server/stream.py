@@ -234,6 +234,10 @@ class StreamHub:
         self.cursor: Position | None = None
         self.by_user: dict[int, set[Stream]] = {}
         self.unsynced: set[Stream] = set()
+        # Keys of streams still opening (registered by their open, not attached yet): a
+        # refresh must re-register them too, or it would drop the registration their open
+        # just wrote and the poll would not carry them.
+        self._opening: collections.Counter[bytes] = collections.Counter()
         self._task: asyncio.Task[None] | None = None
         self._next_refresh = 0.0
         self._force_refresh = False
@@ -256,6 +260,16 @@ class StreamHub:
             raise BadRequest(_BAD_LAST_EVENT_ID)
         stream = Stream(self, key_hash, job_id)
         stream.key_prefix = key_prefix
+        self._opening[key_hash] += 1
+        try:
+            return await self._open(stream, key_hash, job_id, last_event_id)
+        finally:
+            self._opening[key_hash] -= 1
+            if not self._opening[key_hash]:
+                del self._opening[key_hash]
+
+    async def _open(self, stream: Stream, key_hash: bytes, job_id: str | None,
+                    last_event_id: str | None) -> Stream:
         floor = None if self.cursor is None else str(self.cursor[0])
         rows = await self._db(dbmod.STREAM_OPEN, (
             key_hash, self.instance, job_id, last_event_id, floor,
@@ -333,7 +347,8 @@ class StreamHub:
         now = time.monotonic()
         hashes: list[bytes] | None = None
         if self._force_refresh or now >= self._next_refresh:
-            hashes = sorted({s.key_hash for ss in self.by_user.values() for s in ss})
+            hashes = sorted({s.key_hash for ss in self.by_user.values() for s in ss}
+                            | self._opening.keys())
         rows = await self._db(dbmod.STREAM_POLL, (
             self.instance, str(self.cursor[0]), self.cursor[1], self.settings.page_rows,
             hashes, self.settings.watch_ttl_seconds))
