@@ -100,6 +100,9 @@ TICK_FINISH = "SELECT sftq.tick_finish(%s, %s::jsonb)"
 SCHEDULER_WORK = "SELECT * FROM sftq.scheduler_work()"
 # Compute the budget from the quota and admit, under the exclusive admission gate.
 ADMIT_FOR_QUOTA = "SELECT sftq.admit_for_quota(%s::int, %s::numeric, make_interval(secs => %s))"
+# Which admitted, not yet created jobs still fit a fresh quota reading (a prefix, in order).
+CREATES_THAT_FIT = ("SELECT job_id, gpu_count, free_before, fits"
+                    " FROM sftq.creates_that_fit(%s::int, %s::numeric, make_interval(secs => %s))")
 # The provider accepted (or already had) the job; answers 'stop' if a cancel came meanwhile.
 RECORD_SUBMITTED = "SELECT sftq.record_submitted(%s, %s, %s, %s)"
 # A create failed: transient (retry next tick) or rejected (FAIL with the body verbatim).

@@ -12,8 +12,10 @@ One tick, in order (docs/scheduling.md explains each step and what happens on fa
  5. cancel queued jobs whose queue timeout ran out (no provider call);
  6. read the live quota (401/403 here: our credentials are refused; nothing else runs);
  7. retry creates an earlier tick left unfinished, under the same provider id, once their
-    backoff has passed; give up on those out of attempts or time (after one last GET, which
-    is itself retried under the backoff a few times at most when it cannot be made);
+    backoff has passed and only while they still fit that quota (sftq.creates_that_fit:
+    usage outside the queue may have grown since their admission); give up on those out of
+    attempts or time (after one last GET, which is itself retried under the backoff a few
+    times at most when it cannot be made);
  8. admit under the exclusive admission gate (sftq.admit_for_quota) with that quota;
  9. create the admitted jobs at the provider;
 10. if anything was created, read the quota again: what it shows of our new jobs stops
@@ -74,6 +76,8 @@ MAX_ERROR_CHARS = 300
 TERMINAL = frozenset({"SUCCESS", "FAIL", "CANCELLED"})
 NOT_ATTEMPTED = "not attempted: the provider failed several calls in a row"
 AUTH_REFUSED = "not attempted: the provider refused our credentials (401/403 on the account)"
+NO_QUOTA_READING = ("not attempted: no quota reading this tick, so nothing shows the job still "
+                    "fits; the create is sent once a reading does")
 
 
 class _LeaseLost(Exception):
@@ -181,6 +185,7 @@ class _Tick:
     failed: int = 0
     queue_timeouts: int = 0
     gave_up: int = 0
+    creates_held: int = 0
     unknown_states: int = 0
     usage_after: float | None = None
     usage_counted_gpus: int = 0
@@ -437,6 +442,7 @@ class _Tick:
         # jobs whose creates keep failing must not use up every tick's failure budget ahead
         # of the others, tick after tick.
         pending.sort(key=lambda w: w.submit_attempts)
+        held = self._held_for_room(pending)
         for w in pending:
             exhausted = self._exhausted(w)
             # Out of attempts or time, the first final check is made at once; one that could
@@ -447,8 +453,33 @@ class _Tick:
             self.check_provider()
             if exhausted:
                 self.last_check(w.job_id, w.kind)
+            elif w.job_id in held:
+                # Admitted by an earlier tick into room the quota no longer has: it keeps
+                # its place and slot, and waits for room without using up an attempt.
+                self.db.scalar(sql.RECORD_SUBMIT_SKIPPED, (w.job_id, held[w.job_id]))
+                self.creates_held += 1
             else:
                 self.submit(w.job_id, w.kind, w.fireworks_payload or {}, w.gpu_count)
+
+    def _held_for_room(self, pending: list[_Work]) -> dict[uuid.UUID, str]:
+        """The due creates the quota just read has no room for, with the reason each waits
+        (sftq.creates_that_fit decides). Without a fresh reading nothing shows they fit, so
+        all of them wait, as admission does."""
+        due = [w for w in pending if w.submit_due and not self._exhausted(w)]
+        if not due:
+            return {}
+        quota = self.quota
+        if quota is None or self.auth_failed:
+            return {w.job_id: NO_QUOTA_READING for w in due}
+        rows = self.db.fetchall(sql.CREATES_THAT_FIT, (
+            quota.limit, Decimal(repr(float(quota.usage))),
+            float(self.settings.usage_grace_seconds)))
+        return {
+            job_id: (f"waiting for room in the GPU quota: it needs {gpus} GPUs and the quota "
+                     f"read now leaves {max(free, 0)} free for it (usage {float(quota.usage):g} "
+                     f"of {quota.limit}); the create is sent once it fits")
+            for job_id, gpus, free, fits in rows if not fits
+        }
 
     def submit(self, job_id: uuid.UUID, kind: str, payload: dict[str, Any], gpu_count: int) -> None:
         pid = provider_job_id(job_id)
@@ -669,6 +700,7 @@ class _Tick:
             "failed": self.failed,
             "queue_timeouts": self.queue_timeouts,
             "gave_up": self.gave_up,
+            "creates_held": self.creates_held,
             "unknown_states": self.unknown_states,
             "provider_auth_failed": self.auth_failed,
             "usage_after": self.usage_after,

@@ -1,5 +1,6 @@
 -- Privileges for what the tick's issues added (retry, queue timeout, bounded submission,
--- provider progress, the usage reading). Re-applied after 010_roles.sql, which revokes first.
+-- provider progress, the usage reading, the room check before a retried create).
+-- Re-applied after 010_roles.sql, which revokes first.
 
 GRANT EXECUTE ON FUNCTION
     sftq.api_submit(bytea, text, jsonb, text, integer, text, integer, integer),
@@ -17,6 +18,7 @@ GRANT EXECUTE ON FUNCTION
     sftq.give_up_submission(uuid, timestamptz),
     sftq.observe_provider_job(uuid, jsonb, timestamptz),
     sftq.record_usage_reading(numeric, numeric, interval, timestamptz),
+    sftq.creates_that_fit(integer, numeric, interval, timestamptz),
     sftq.provider_health(),
     sftq.expire_queued(timestamptz, integer)
 TO sftq_scheduler;

@@ -147,6 +147,54 @@ $$;
 COMMENT ON FUNCTION sftq.admit_for_quota(integer, numeric, interval, timestamptz) IS
     'The scheduler''s admission: computes the budget (sftq.admission_budget) and admits (sftq.admit) under one exclusive gate. Returns {budget, ours_total, ours_recent, jobs: [...]}.';
 
+-- An admitted job's create may go out at a later tick than its admission (the admitting
+-- tick died or lost its lease, or the create failed and is retried), when usage outside the
+-- queue may have grown. Before such a create the tick asks whether the job still fits the
+-- quota it has just read: the admitted-not-created jobs, in admission order (a tick admits
+-- in FIFO order at one timestamp, hence started_at, created_at, id), take the room
+-- left by every other PROGRESS job, and a job goes out only if it and every one before it
+-- fit. A job that does not is held (no attempt counted) until room comes back, instead of
+-- sending the provider a create its quota has no room for.
+CREATE OR REPLACE FUNCTION sftq.creates_that_fit(
+    p_quota_limit  integer,
+    p_quota_usage  numeric,
+    p_usage_grace  interval DEFAULT interval '5 minutes',
+    p_now          timestamptz DEFAULT now())
+RETURNS TABLE (job_id uuid, gpu_count integer, free_before integer, fits boolean)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- The same terms as sftq.admission_budget. "others" are the PROGRESS jobs that are not
+    -- waiting for a create of ours: submitted ones, and unsubmitted ones being cancelled
+    -- (counted, since a lost answer may mean their create landed).
+    WITH progress AS (
+        SELECT j.id, j.gpu_count, j.started_at, j.created_at,
+               j.submitted_at IS NULL AND j.cancel_requested_at IS NULL AS waiting,
+               j.submitted_at IS NULL
+                  OR (j.submitted_at > p_now - p_usage_grace AND j.usage_counted_at IS NULL) AS recent
+          FROM sftq.jobs j
+         WHERE j.state = 'PROGRESS'
+    ), others AS (
+        SELECT COALESCE(sum(p.gpu_count), 0)::int AS total,
+               COALESCE(sum(p.gpu_count) FILTER (WHERE p.recent), 0)::int AS recent
+          FROM progress p
+         WHERE NOT p.waiting
+    ), waiting AS (
+        SELECT p.id, p.gpu_count, p.started_at, p.created_at,
+               (sum(p.gpu_count) OVER (ORDER BY p.started_at, p.created_at, p.id)
+                - p.gpu_count)::int AS ahead
+          FROM progress p
+         WHERE p.waiting
+    )
+    SELECT w.id, w.gpu_count, f.free, w.gpu_count <= f.free
+      FROM waiting w, others o
+     CROSS JOIN LATERAL (SELECT (p_quota_limit - GREATEST(ceil(p_quota_usage)::int + o.recent + w.ahead,
+                                                          o.total + w.ahead))::int AS free) f
+     ORDER BY w.started_at, w.created_at, w.id
+$$;
+COMMENT ON FUNCTION sftq.creates_that_fit(integer, numeric, interval, timestamptz) IS
+    'For every admitted job not yet created at the provider (and not being cancelled), in admission order: its GPUs, the GPUs the quota reading (limit, usage) leaves free before it (sftq.admission_budget''s rule over the other PROGRESS jobs and the waiting jobs admitted before it), and whether it fits. The jobs that fit are a prefix of that order. The tick creates only those; the others keep their place and slot and wait for room. Reads only.';
+
 -- Why each queued job waits, from the walk's rows and the job's and its user's facts. The
 -- same function words the reasons GET /jobs/analytics/queue and GET /jobs/{id}/analytics
 -- show and the codes preview_admission gives operators. Messages name numbers only: never

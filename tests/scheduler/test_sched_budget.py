@@ -113,6 +113,56 @@ def test_several_creates_in_one_tick_are_credited_only_as_far_as_the_usage_rose(
     assert result["budget"] == 16 - (10 + 4)
 
 
+def test_a_create_left_to_a_later_tick_waits_while_the_room_it_was_admitted_into_is_gone(
+        conn: Conn, sim: RecordingSimulator, tick: Any) -> None:
+    """A tick admits two jobs into an empty quota and dies before creating them (or loses
+    its lease). Usage outside the queue then takes half the quota. The next tick's reading
+    has room for the first job only: it creates that one and holds the second (same place,
+    slot and GPUs, no attempt counted, the reason on the job) until room comes back. No
+    create ever reaches the provider without room at its true usage."""
+    sim.set_quota(max_value=8, usage_lag_seconds=60)
+    first = enqueue(conn, create_user(conn, "alice"))
+    second = enqueue(conn, create_user(conn, "bob"))
+    # What a tick that died right after admission leaves behind.
+    admitted = conn.execute("SELECT sftq.admit_for_quota(8, 0)").fetchone()
+    assert admitted is not None and admitted[0]["budget"] == 8
+    assert progress_ids(conn) == {first, second}
+
+    sim.set_quota(external_usage=4)
+    result = tick()
+    assert result["submitted"] == 1 and result["creates_held"] == 1
+    assert pid(first) in sim.sim_jobs() and pid(second) not in sim.sim_jobs()
+    row = job(conn, second)
+    assert (row["state"], row["submitted_at"], row["submit_attempts"]) == ("PROGRESS", None, 0)
+    assert row["last_submit_error"] == (
+        "waiting for room in the GPU quota: it needs 4 GPUs and the quota read now leaves 0 "
+        "free for it (usage 4 of 8); the create is sent once it fits")
+    # Still counted on top of usage: nothing else is admitted into its GPUs.
+    assert result["budget"] == 8 - (4 + 4 + 4) and result["admitted"] == []
+    assert sim.quota()["over_quota_creates"] == 0
+
+    assert tick()["creates_held"] == 1 and job(conn, second)["submit_attempts"] == 0
+    sim.set_quota(external_usage=0)  # the outside job ends: room again
+    result = tick()
+    assert result["submitted"] == 1 and result["creates_held"] == 0
+    assert job(conn, second)["submitted_at"] is not None and pid(second) in sim.sim_jobs()
+    assert sim.quota()["over_quota_creates"] == 0 and sim.quota()["true_usage"] == 8
+
+
+def test_creates_that_fit_are_a_prefix_in_admission_order(conn: Conn) -> None:
+    """sftq.creates_that_fit: the admitted, not yet created jobs in admission order, each
+    with the room left before it; once one does not fit, no later one does, even a smaller
+    one (a create is never sent ahead of an earlier admission)."""
+    jobs = [enqueue(conn, create_user(conn, f"u{i}"), gpus=g) for i, g in enumerate((4, 2, 1))]
+    conn.execute("SELECT sftq.admit_for_quota(8, 0)")
+    rows = conn.execute("SELECT job_id, gpu_count, free_before, fits "
+                        "FROM sftq.creates_that_fit(8, 3)").fetchall()
+    # 8 - 3 outside = 5 free: the 4 fits, the 2 finds 1, the 1 after it waits too.
+    assert rows == [(jobs[0], 4, 5, True), (jobs[1], 2, 1, False), (jobs[2], 1, -1, False)]
+    rows = conn.execute("SELECT fits FROM sftq.creates_that_fit(8, 0)").fetchall()
+    assert rows == [(True,), (True,), (True,)]
+
+
 class StartsAnExternalJobDuringCreates(FireworksClient):
     """Someone else's job starts at the provider while this tick's create is in flight:
     inside the window between the tick's two quota readings."""
@@ -180,13 +230,18 @@ def test_an_external_rise_inside_the_window_is_taken_for_our_job(
     sim.advance(61)  # the provider's usage shows our first job: the budget is right again
     result = tick()
     assert (result["quota"]["usage"], result["budget"]) == (8, 8 - (8 + 4))
-    assert state(conn, second) == "PROGRESS"
+    # ... and the reading shows no room for bob's job: its create is held, not sent into
+    # a third refusal, and no attempt is counted.
+    row = job(conn, second)
+    assert (row["state"], row["submitted_at"], row["submit_attempts"]) == ("PROGRESS", None, 2)
+    assert row["last_submit_error"].startswith("waiting for room in the GPU quota: it needs 4")
+    assert result["creates_held"] == 1 and sim.quota()["over_quota_creates"] == 2
     sim.set_quota(external_usage=0)  # the external job ends: room for ours
     result = tick()
     row = job(conn, second)
     assert result["submitted"] == 1 and row["submitted_at"] is not None
-    assert (row["state"], row["submit_attempts"], row["failure_class"]) == ("PROGRESS", 3, None)
-    assert sim.created_ok()[pid(second)] == 1 and sim.quota()["over_quota_creates"] == 3
+    assert (row["state"], row["submit_attempts"], row["failure_class"]) == ("PROGRESS", 2, None)
+    assert sim.created_ok()[pid(second)] == 1 and sim.quota()["over_quota_creates"] == 2
     assert state(conn, third) == "QUEUED"  # the account is full: 4 + 4 of 8
 
 
@@ -221,3 +276,39 @@ def test_with_lag_and_external_usage_no_tick_ever_overspends(
             assert result["ours_recent"] == 0, (step, result)
             assert result["budget"] == limit - max(usage, result["ours_total"]), (step, result)
     assert admitted_total >= 15  # the run did admit, so the checks above had work to do
+
+
+def test_every_phase_runs_as_the_scheduler_role(
+        conn: Conn, sim: RecordingSimulator, db_url: str, provider: FireworksClient,
+        settings: Settings) -> None:
+    """In production the tick connects as a login role that is only a member of
+    sftq_scheduler: each procedure a phase calls must be granted to it. A tick here runs as
+    that role through admission, a failed create, its held retry, the retry that lands,
+    reconcile, a cancel and the second quota reading."""
+    role_db = Database(psycopg.conninfo.make_conninfo(db_url, options="-c role=sftq_scheduler"),
+                       max_size=2, timeout=5.0)
+    try:
+        def tick() -> dict[str, Any]:
+            result = run_tick(role_db, provider, settings, holder="role-test")
+            assert not [e for e in result["errors"] if "permission denied" in e], result
+            return result
+
+        sim.set_quota(max_value=8, usage_lag_seconds=0)
+        first = enqueue(conn, create_user(conn, "alice"))
+        second = enqueue(conn, create_user(conn, "bob"))
+        sim.set_faults(rules=[{"method": "POST", "path": r"/supervisedFineTuningJobs$",
+                               "status": 503, "times": 2}])
+        assert tick()["admitted"] == [str(first), str(second)]
+        sim.set_quota(external_usage=4)
+        assert tick()["creates_held"] == 1  # alice's is created, bob's waits for room
+        sim.set_quota(external_usage=0)
+        assert tick()["submitted"] == 1 and job(conn, second)["submitted_at"] is not None
+        # Recorded, its provider stop left to the tick (as when the API's own stop fails).
+        assert conn.execute("SELECT action FROM sftq.cancel(%s, %s)",
+                            (job(conn, first)["user_id"], first)).fetchone() == ("provider_delete",)
+        sim.finish("SFT", pid(second), "JOB_STATE_COMPLETED")
+        result = tick()
+        assert (state(conn, first), state(conn, second)) == ("CANCELLED", "SUCCESS")
+        assert result["status"] == "ok", result
+    finally:
+        role_db.close()

@@ -179,7 +179,7 @@ def test_a_create_that_keeps_failing_ends_fail_retryable_with_its_slot_freed(
         conn: Conn, sim: RecordingSimulator, tick: Any) -> None:
     sim.set_quota(max_value=8)
     alice = create_user(conn, "alice")
-    doomed = enqueue(conn, alice, gpus=8)
+    doomed = enqueue(conn, alice, gpus=4)
     next_one = enqueue(conn, alice, gpus=8)
     _rules(sim, {"method": "POST", "path": CREATE_SFT, "status": 503,
                  "body": {"code": 14, "message": "the service is unavailable"}})
@@ -188,7 +188,9 @@ def test_a_create_that_keeps_failing_ends_fail_retryable_with_its_slot_freed(
         assert result["failed"] == 0 and state(conn, doomed) == "PROGRESS"
         assert job(conn, doomed)["submit_attempts"] == attempt
     # Attempt 3 fails too: one last GET of the deterministic id (404), then the job ends.
-    sim.set_quota(external_usage=8)  # hold admission back to look at the freed slot first
+    # Hold admission back to look at the freed slot first: 4 GPUs used elsewhere leave room
+    # for this 4-GPU create but not for the 8-GPU job behind it.
+    sim.set_quota(external_usage=4)
     result = tick(submit_max_attempts=3)
     assert result["failed"] == 1 and result["gave_up"] == 1
     row = job(conn, doomed)
@@ -198,7 +200,7 @@ def test_a_create_that_keeps_failing_ends_fail_retryable_with_its_slot_freed(
     assert "the service is unavailable" in row["error"]
     assert [(m, p.rsplit("/", 1)[-1]) for m, p in sim.calls_on(pid(doomed))][-1] == \
         ("GET", pid(doomed))
-    # Its user's slot and its 8 GPUs were freed in the same transaction.
+    # Its user's slot and its 4 GPUs were freed in the same transaction.
     user = conn.execute("SELECT running_count FROM sftq.users WHERE id = %s", (alice,)).fetchone()
     assert user == (0,)
     budget = conn.execute("SELECT * FROM sftq.admission_budget(8, 0)").fetchone()
@@ -247,7 +249,7 @@ def test_a_final_check_that_cannot_be_made_is_bounded(
     be made and why, its slot and GPUs freed. Never a second create meanwhile."""
     sim.set_quota(max_value=8)
     alice = create_user(conn, "alice")
-    doomed = enqueue(conn, alice, gpus=8)
+    doomed = enqueue(conn, alice, gpus=4)
     next_one = enqueue(conn, alice, gpus=8)
     _rules(sim, {"method": "POST", "path": CREATE_SFT, "status": 503, "body": UNAVAILABLE},
            {"method": "GET", "path": _check_path(doomed), "status": status, "body": body})
@@ -267,7 +269,9 @@ def test_a_final_check_that_cannot_be_made_is_bounded(
     checks = [e["detail"] for e in events(conn, doomed) if e["event"] == "final_check_failed"]
     assert [c["final_check"] for c in checks] == [1, 2, 3] and why in checks[-1]["error"]
 
-    sim.set_quota(external_usage=8)  # hold admission back to look at the freed slot first
+    # Hold admission back to look at the freed slot first: 4 GPUs used elsewhere leave room
+    # for this 4-GPU create but not for the 8-GPU job behind it.
+    sim.set_quota(external_usage=4)
     result = tick(submit_max_attempts=3)
     assert result["failed"] == 1 and result["gave_up"] == 1
     row = job(conn, doomed)
