@@ -41,6 +41,9 @@ CREATE OR REPLACE FUNCTION sftq._webhook_outbox()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- Its reads of sftq.jobs by id stay index lookups even when a session plans them on a
+-- nearly empty table (see sql/procedures/005_event_log.sql).
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_count  integer;

@@ -142,3 +142,28 @@ def test_job_json_writes_timestamps_as_iso_does(q: Q) -> None:
     queued = q.enqueue(a)
     assert q.one("SELECT sftq.job_json(j) FROM sftq.jobs j WHERE j.id = %s", queued)[
         "started_at"] is None
+
+
+def test_event_lookups_stay_index_scans_when_planned_on_a_tiny_table(q: Q) -> None:
+    """An event row's foreign-key check and the webhook outbox trigger look its job up by id
+    with plans the session keeps. A session that makes them while sftq.jobs is nearly empty
+    (a new deployment) must still get index lookups: a sequential scan kept there would read
+    the whole table for every later event until an ANALYZE replans it."""
+    u = q.user("a", cap=1)
+    # The table as autovacuum leaves a new one (analyzed while nearly empty), then more than
+    # the plan cache's five custom plans on it: the session keeps generic plans made at
+    # that size.
+    q.conn.execute("ANALYZE sftq.jobs")
+    for _ in range(8):
+        q.enqueue(u)
+    # The table grows behind the session's back (no ANALYZE, which would replan).
+    q.conn.execute(
+        "INSERT INTO sftq.jobs (user_id, kind, gpu_count, fireworks_payload, created_at, state,"
+        " started_at, completed_at) SELECT %s, 'SFT', 4, '{}', now() - interval '1 day',"
+        " 'SUCCESS', now() - interval '1 hour', now()"
+        " FROM generate_series(1, 3000)", (u,))
+    with q.conn.transaction():
+        q.enqueue(u)
+        seq = q.one("SELECT seq_scan FROM pg_stat_xact_user_tables"
+                    " WHERE relid = 'sftq.jobs'::regclass")
+    assert seq == 0, f"{seq} sequential scans of sftq.jobs for one enqueue"
