@@ -257,7 +257,8 @@ class JobsApi:
         self._provider_lock = threading.Lock()
         self._openapi: bytes | None = None
         self.group_commit = GroupCommit(db, default_queue_timeout=settings.queue_timeout_seconds,
-                                        max_batch=settings.group_commit_max)
+                                        max_batch=settings.group_commit_max,
+                                        linger=settings.group_commit_linger_ms / 1000)
 
     # POST /jobs
     def submit(self, request: Request) -> Response:

@@ -6,17 +6,26 @@ Why: most of an enqueue's database cost is per statement and per transaction (ea
 constraints and indexes set up, the admission gate, the commit), not per job. In a batch of 8
 a job costs the database less than half of what a lone enqueue costs (docs/performance.md).
 
-How: no timer and no extra thread. A request that finds no batch in flight leads: it takes
-every request waiting (its own first), runs them as one call, hands each its answer, then
-passes the lead to the first request that arrived meanwhile, if any, and returns. Requests
-that arrive while a batch is in the database wait for it and form the next one. A lone
-request is a batch of one, sent at once, so nothing waits for company.
+How: no extra thread. A request that finds no batch in flight leads: it takes every request
+waiting (its own first), runs them as one call, hands each its answer, then passes the lead
+to the first request that arrived meanwhile, if any, and returns. Requests that arrive while
+a batch is in the database wait for it and form the next one.
+
+Lingering: under steady load the requests of one process come back together (their clients
+send the next request when the answer arrives), but not at the same instant, so without a
+wait the first of them would lead a batch of one and the rest would form the next batch: 40%
+of the batches measured were of one request, each costing a whole transaction. So a leader
+that finds fewer requests waiting than the largest of the last few batches (the process's
+recent company) waits for that many to arrive, at most `linger` seconds, as PostgreSQL's
+commit_delay does when it has commit_siblings. A lone request, with only lone requests
+before it, is sent at once: nothing waits for company that has not been seen.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -45,14 +54,20 @@ class _Request:
 
 
 class GroupCommit:
+    # How many past batches the expected company is read from.
+    RECENT = 4
+
     def __init__(self, db: dbmod.Database, *, default_queue_timeout: int | None = None,
-                 max_batch: int = 64) -> None:
+                 max_batch: int = 64, linger: float = 0.001) -> None:
         self._db = db
         self._default_timeout = default_queue_timeout
         self._max_batch = max(1, max_batch)
+        self._linger = max(0.0, linger)
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
         self._waiting: deque[_Request] = deque()
         self._leading = False
+        self._recent: deque[int] = deque([1], maxlen=self.RECENT)
         # Batch sizes seen, for the benchmark and the tests: (batches, requests).
         self.batches = 0
         self.requests = 0
@@ -65,6 +80,8 @@ class GroupCommit:
             lead = not self._leading
             if lead:
                 self._leading = True
+            else:
+                self._arrived.notify()  # a lingering leader counts arrivals
         if not lead:
             me.done.wait()
             lead = me.lead
@@ -77,8 +94,10 @@ class GroupCommit:
 
     def _lead(self) -> None:
         with self._lock:
+            self._linger_for_company()
             n = min(len(self._waiting), self._max_batch)
             batch = [self._waiting.popleft() for _ in range(n)]
+            self._recent.append(n)
         try:
             self._run(batch)
         finally:
@@ -96,6 +115,19 @@ class GroupCommit:
                 r.done.set()
             if nxt is not None:
                 nxt.done.set()
+
+    def _linger_for_company(self) -> None:
+        """Under the lock: wait (at most `linger`) until as many requests are waiting as the
+        largest recent batch, the company this process has been seeing."""
+        expected = min(max(self._recent), self._max_batch)
+        if self._linger <= 0 or len(self._waiting) >= expected:
+            return
+        deadline = time.monotonic() + self._linger
+        while len(self._waiting) < expected:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._arrived.wait(left)
 
     def _run(self, batch: list[_Request]) -> None:
         self.batches += 1

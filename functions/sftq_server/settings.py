@@ -85,6 +85,9 @@ class Settings:
     # Group commit: at most this many POST /jobs requests that one process received together
     # share one transaction (1: every request alone).
     group_commit_max: int = 64
+    # ... and a leader that finds fewer requests waiting than its process's recent batches
+    # waits this long at most for them to arrive (0: never waits).
+    group_commit_linger_ms: float = 1.0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -112,6 +115,7 @@ class Settings:
             tick_interval_seconds=_float("SFTQ_TICK_INTERVAL_SECONDS", 30.0),
             capacity_show_users=_bool("SFTQ_CAPACITY_SHOW_USERS", True),
             group_commit_max=_int("SFTQ_GROUP_COMMIT_MAX", 64),
+            group_commit_linger_ms=_float("SFTQ_GROUP_COMMIT_LINGER_MS", 1.0),
         )
 
 

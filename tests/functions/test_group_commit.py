@@ -227,3 +227,65 @@ def test_group_commit_max_bounds_a_batch(db_url: str, db: Db, size: int) -> None
     finally:
         held.close()
     assert max(held.calls) <= size and sum(held.calls) == 7
+
+
+class CountingDatabase:
+    """Answers every batch at once and records its size."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def fetchall(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        n = len(params[0])
+        self.calls.append(n)
+        return [(i, "{}", False, f"job{len(self.calls)}-{i}", None, None, None)
+                for i in range(n)]
+
+
+def submit_in_threads(gc: GroupCommit, count: int, *, gap: float = 0.0) -> list[threading.Thread]:
+    threads = []
+    for i in range(count):
+        th = threading.Thread(target=gc.submit, args=(params(f"k{i}"),))
+        th.start()
+        threads.append(th)
+        time.sleep(gap)
+    return threads
+
+
+def test_a_lone_request_is_sent_at_once() -> None:
+    """Nothing waits for company the process has not seen: lone requests never linger."""
+    db = CountingDatabase()
+    gc = GroupCommit(db, linger=5.0)  # type: ignore[arg-type]
+    started = time.monotonic()
+    for _ in range(3):
+        gc.submit(params("k"))
+    assert time.monotonic() - started < 1.0 and db.calls == [1, 1, 1]
+
+
+def test_a_leader_lingers_for_the_company_of_recent_batches() -> None:
+    """After a batch of three, a leader waits (at most `linger`) until three are waiting:
+    requests arriving 50 ms apart share one transaction instead of leading one each."""
+    db = CountingDatabase()
+    gc = GroupCommit(db, linger=5.0)  # type: ignore[arg-type]
+    gc._recent.append(3)  # as if the last batch held three requests
+    started = time.monotonic()
+    for th in submit_in_threads(gc, 3, gap=0.05):
+        th.join(10)
+    assert db.calls == [3] and time.monotonic() - started < 2.0
+
+
+def test_lingering_is_bounded() -> None:
+    """When the expected company does not come, the leader goes alone after `linger`."""
+    db = CountingDatabase()
+    gc = GroupCommit(db, linger=0.2)  # type: ignore[arg-type]
+    gc._recent.append(8)
+    started = time.monotonic()
+    gc.submit(params("k"))
+    waited = time.monotonic() - started
+    assert db.calls == [1] and 0.15 <= waited < 2.0
+    # linger=0 turns it off.
+    gc = GroupCommit(db, linger=0)  # type: ignore[arg-type]
+    gc._recent.append(8)
+    started = time.monotonic()
+    gc.submit(params("k"))
+    assert time.monotonic() - started < 0.1
