@@ -150,11 +150,14 @@ COMMENT ON FUNCTION sftq.admit_for_quota(integer, numeric, interval, timestamptz
 -- An admitted job's create may go out at a later tick than its admission (the admitting
 -- tick died or lost its lease, or the create failed and is retried), when usage outside the
 -- queue may have grown. Before such a create the tick asks whether the job still fits the
--- quota it has just read: the admitted-not-created jobs, in admission order (a tick admits
--- in FIFO order at one timestamp, hence started_at, created_at, id), take the room
--- left by every other PROGRESS job, and a job goes out only if it and every one before it
--- fit. A job that does not is held (no attempt counted) until room comes back, instead of
--- sending the provider a create its quota has no room for.
+-- quota it has just read. The rule is sftq.admission_budget's, not a copy: that budget
+-- already counts every admitted-not-created job, so the room before a waiting job is the
+-- budget plus the GPUs of that job and of every waiting job admitted after it (a tick admits
+-- in FIFO order at one timestamp, hence started_at, created_at, id), as if none of them had
+-- been admitted yet. A job goes out only if it and every one before it fit; one that does
+-- not is held (no attempt counted) until room comes back, instead of sending the provider a
+-- create its quota has no room for. Unsubmitted jobs being cancelled are not waiting: they
+-- stay counted (a lost answer may mean their create landed) and are never re-created.
 CREATE OR REPLACE FUNCTION sftq.creates_that_fit(
     p_quota_limit  integer,
     p_quota_usage  numeric,
@@ -164,36 +167,19 @@ RETURNS TABLE (job_id uuid, gpu_count integer, free_before integer, fits boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    -- The same terms as sftq.admission_budget. "others" are the PROGRESS jobs that are not
-    -- waiting for a create of ours: submitted ones, and unsubmitted ones being cancelled
-    -- (counted, since a lost answer may mean their create landed).
-    WITH progress AS (
-        SELECT j.id, j.gpu_count, j.started_at, j.created_at,
-               j.submitted_at IS NULL AND j.cancel_requested_at IS NULL AS waiting,
-               j.submitted_at IS NULL
-                  OR (j.submitted_at > p_now - p_usage_grace AND j.usage_counted_at IS NULL) AS recent
-          FROM sftq.jobs j
-         WHERE j.state = 'PROGRESS'
-    ), others AS (
-        SELECT COALESCE(sum(p.gpu_count), 0)::int AS total,
-               COALESCE(sum(p.gpu_count) FILTER (WHERE p.recent), 0)::int AS recent
-          FROM progress p
-         WHERE NOT p.waiting
-    ), waiting AS (
-        SELECT p.id, p.gpu_count, p.started_at, p.created_at,
-               (sum(p.gpu_count) OVER (ORDER BY p.started_at, p.created_at, p.id)
-                - p.gpu_count)::int AS ahead
-          FROM progress p
-         WHERE p.waiting
-    )
-    SELECT w.id, w.gpu_count, f.free, w.gpu_count <= f.free
-      FROM waiting w, others o
-     CROSS JOIN LATERAL (SELECT (p_quota_limit - GREATEST(ceil(p_quota_usage)::int + o.recent + w.ahead,
-                                                          o.total + w.ahead))::int AS free) f
+    SELECT w.id, w.gpu_count, w.free_before, w.gpu_count <= w.free_before
+      FROM (SELECT j.id, j.gpu_count, j.started_at, j.created_at,
+                   (b.budget + sum(j.gpu_count) OVER (
+                        ORDER BY j.started_at, j.created_at, j.id
+                        ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING))::int AS free_before
+              FROM sftq.admission_budget(p_quota_limit, p_quota_usage, p_usage_grace, p_now) b,
+                   sftq.jobs j
+             WHERE j.state = 'PROGRESS' AND j.submitted_at IS NULL
+               AND j.cancel_requested_at IS NULL) w
      ORDER BY w.started_at, w.created_at, w.id
 $$;
 COMMENT ON FUNCTION sftq.creates_that_fit(integer, numeric, interval, timestamptz) IS
-    'For every admitted job not yet created at the provider (and not being cancelled), in admission order: its GPUs, the GPUs the quota reading (limit, usage) leaves free before it (sftq.admission_budget''s rule over the other PROGRESS jobs and the waiting jobs admitted before it), and whether it fits. The jobs that fit are a prefix of that order. The tick creates only those; the others keep their place and slot and wait for room. Reads only.';
+    'For every admitted job not yet created at the provider (and not being cancelled), in admission order: its GPUs, the GPUs the quota reading (limit, usage) leaves free before it (sftq.admission_budget plus the GPUs of this job and the waiting jobs admitted after it: the budget as if they were not admitted yet), and whether it fits. The jobs that fit are a prefix of that order. The tick creates only those; the others keep their place and slot and wait for room. Reads only.';
 
 -- Why each queued job waits, from the walk's rows and the job's and its user's facts. The
 -- same function words the reasons GET /jobs/analytics/queue and GET /jobs/{id}/analytics

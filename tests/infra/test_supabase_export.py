@@ -22,11 +22,17 @@ PSQL = shutil.which("psql")
 EXPORTED = ROOT / "supabase" / "migrations"
 
 # One query per kind of object; each row is plain text, so two catalogs compare as sets.
+# Privileges as a sorted list of grants: an ACL's order says which GRANT ran first (the files
+# pushed over the years re-run the repeatable part), not what anyone may do.
+def _acl(column: str) -> str:
+    return f"(SELECT array_agg(g::text ORDER BY g::text) FROM unnest({column}) g)::text"
+
+
 CATALOG = {
-    "schemas": """SELECT n.nspname, pg_get_userbyid(n.nspowner), n.nspacl::text
+    "schemas": f"""SELECT n.nspname, pg_get_userbyid(n.nspowner), {_acl('n.nspacl')}
                     FROM pg_namespace n WHERE n.nspname IN ('sftq', 'sftq_migrations')""",
-    "tables": """SELECT c.oid::regclass::text, c.relkind, pg_get_userbyid(c.relowner),
-                        c.relrowsecurity, c.relforcerowsecurity, c.relacl::text,
+    "tables": f"""SELECT c.oid::regclass::text, c.relkind, pg_get_userbyid(c.relowner),
+                        c.relrowsecurity, c.relforcerowsecurity, {_acl('c.relacl')},
                         obj_description(c.oid, 'pg_class')
                    FROM pg_class c
                   WHERE c.relnamespace IN ('sftq'::regnamespace, 'sftq_migrations'::regnamespace)
@@ -47,8 +53,8 @@ CATALOG = {
                         FROM pg_constraint
                        WHERE connamespace IN ('sftq'::regnamespace,
                                               'sftq_migrations'::regnamespace)""",
-    "functions": """SELECT p.oid::regprocedure::text, pg_get_userbyid(p.proowner), p.prosecdef,
-                           p.provolatile, p.proconfig::text, p.proacl::text,
+    "functions": f"""SELECT p.oid::regprocedure::text, pg_get_userbyid(p.proowner), p.prosecdef,
+                           p.provolatile, p.proconfig::text, {_acl('p.proacl')},
                            md5(pg_get_functiondef(p.oid)), obj_description(p.oid, 'pg_proc')
                       FROM pg_proc p WHERE p.pronamespace = 'sftq'::regnamespace""",
     "views": """SELECT c.oid::regclass::text, md5(pg_get_viewdef(c.oid)) FROM pg_class c

@@ -130,18 +130,13 @@ def test_gpu_checks_catch_a_budget_that_forgets_jobs_the_usage_does_not_show_yet
         db_url: str, make_sim: Any, make_gateway: Any, figures: dict[str, Any]) -> None:
     # The lag handling dropped, the floor kept: usage alone, but never below our own GPUs.
     # Our PROGRESS GPUs then never exceed the quota, so the plain check cannot object; with
-    # external usage moving, the checks at admission and at the provider must. The rule is
-    # in two places, admission and the room check before a create a later tick sends
-    # (sftq.creates_that_fit), and both forget here: with the room check intact, the creates
-    # of ticks that lost their lease are held and the provider may see no overrun at all.
+    # external usage moving, the checks at admission and at the provider must. The room check
+    # before a create a later tick sends (sftq.creates_that_fit) applies the same rule, so it
+    # forgets too: the creates of ticks that lost their lease go out and overrun.
     load_broken(db_url, "procedures/060_admission.sql",
                 "CREATE OR REPLACE FUNCTION sftq.admission_budget(",
                 "GREATEST(ceil(p_quota_usage)::int + ours.recent, ours.total)",
                 "GREATEST(ceil(p_quota_usage)::int, ours.total)")
-    load_broken(db_url, "procedures/060_admission.sql",
-                "CREATE OR REPLACE FUNCTION sftq.creates_that_fit(",
-                "GREATEST(ceil(p_quota_usage)::int + o.recent + w.ahead,",
-                "GREATEST(ceil(p_quota_usage)::int,")
     result = run_load(db_url, make_sim, make_gateway, LoadParams(
         **{**vars(SHORT), "seconds": 12.0, "usage_lag": 60.0, "quota": 16, "users": 8,
            "job_seconds": 5.0, "external": (0, 2, 4, 6, 8)}))
