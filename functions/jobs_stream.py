@@ -65,5 +65,9 @@ async def jobs_stream(request: Any) -> Any:
 
 
 def asgi_app() -> Any:
-    """The ASGI application, for any ASGI server: `uvicorn --factory jobs_stream:asgi_app`."""
+    """The ASGI application, for any ASGI server: `uvicorn --factory jobs_stream:asgi_app`.
+    Sets logging up (the access log), which uvicorn leaves to the app."""
+    from sftq_server import logs
+
+    logs.configure()
     return _Respond(_app.get())

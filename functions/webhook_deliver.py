@@ -64,5 +64,9 @@ def webhook_deliver(request: Any) -> tuple[bytes, int, dict[str, str]]:
 
 
 def create_app() -> DeliverApp:
-    """The WSGI app, for a WSGI server's factory option (the container image's granian)."""
+    """The WSGI app, for a WSGI server's factory option (the container image's granian).
+    Sets logging up (one line per delivery outcome), which granian leaves to the app."""
+    from sftq_server import logs
+
+    logs.configure()
     return _app.get()

@@ -1,13 +1,14 @@
 """Put on PYTHONPATH of every server the benchmark starts (gunicorn, granian and
 functions-framework alike), so all of them log the same way: with SFTQ_BENCH_ACCESS_LOG=1 the
-sftq.access log writes one JSON line per request to stderr, as a deployment that keeps request
-logs would; otherwise logging stays at Python's default (warnings only)."""
+sftq.access log writes one JSON line per request to stderr, set up as the servers we ship set
+it up (sftq_server.logs.configure); otherwise logging stays at Python's default (warnings
+only)."""
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 
 if os.environ.get("SFTQ_BENCH_ACCESS_LOG") == "1":
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    from sftq_server import logs
+
+    logs.configure()

@@ -54,12 +54,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import dataclasses
     import logging
 
-    from . import gateway
+    from . import gateway, logs
     from .cli import database_url
     from .settings import Settings
 
     settings = dataclasses.replace(Settings.from_env(), database_url=database_url(args))
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    logs.configure()
     if not args.verbose:
         # One line per request (the access log) and one per tick; not one more per call the
         # tick makes to the provider.

@@ -21,7 +21,6 @@ import argparse
 import json
 import logging
 import signal
-import sys
 import threading
 from collections.abc import Iterable
 from http import HTTPStatus
@@ -139,8 +138,10 @@ def create_app() -> Gateway:
     The two stream paths answer 501 `stream_unavailable` here (clients then poll): a WSGI
     server runs a few threads, and each open stream would hold one for up to an hour. Streams
     are served by the ASGI entry point (functions/jobs_stream.py, the jobs-stream service)."""
+    from . import logs
     from .tick_http import require_tick_secret
 
+    logs.configure()  # no one else does under granian: the access log would stay silent
     settings = Settings.from_env()
     require_tick_secret(settings)
     return make_gateway(settings, live_streams=False)
@@ -234,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    from . import logs
+
+    logs.configure()
     settings = Settings.from_env()
     if not settings.database_url:
         parser.error("DATABASE_URL is not set")

@@ -166,6 +166,43 @@ def test_the_command_serves_the_three_functions(served: str) -> None:
     assert denied.status_code == 401 and denied.json()["code"] == "unauthorized"
 
 
+def test_the_command_writes_the_access_log(granian_cmd: list[str], db_url: str,
+                                          tmp_path: Path) -> None:
+    """docs/api.md: one JSON line per request on the sftq.access log. Under the image's own
+    command nobody else sets logging up, so the app must, and a line still buffered when the
+    service is stopped comes out."""
+    port = free_port()
+    argv = list(granian_cmd)
+    argv[argv.index("--port") + 1] = str(port)
+    workers = int(argv[argv.index("--workers") + 1])
+    out_path = tmp_path / "granian.out"
+    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "PYTHONPATH": str(ROOT / "functions"),
+           "PYTHONDONTWRITEBYTECODE": "1", "DATABASE_URL": db_url, "SFTQ_TICK_SECRET": TICK_SECRET}
+    with out_path.open("wb") as out_file:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out_file,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        # Every worker up first: a worker that gets SIGTERM while it starts never stops.
+        deadline = time.monotonic() + 30
+        while out_path.read_bytes().count(b"Started worker-") < workers:
+            assert proc.poll() is None, out_path.read_text()
+            assert time.monotonic() < deadline, out_path.read_text()
+            time.sleep(0.1)
+        r = httpx.get(f"http://127.0.0.1:{port}/functions/v1/jobs-api/jobs/nope", timeout=10,
+                      headers={"Authorization": "Bearer sk_not_a_key"})
+        assert r.status_code == 401
+        os.killpg(proc.pid, signal.SIGTERM)  # at once: the line is still in its buffer
+        proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out = out_path.read_text()
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith('{"fn"')]
+    assert [(x["route"], x["status"]) for x in lines] == [("/jobs/{id}", 401)], out
+    assert "sk_not_a_key" not in out
+
+
 def test_the_command_refuses_to_start_with_a_short_tick_secret(granian_cmd: list[str],
                                                                db_url: str) -> None:
     proc = _start(granian_cmd, free_port(), {"DATABASE_URL": db_url,
