@@ -104,6 +104,26 @@ def module_db_url(pg_cluster: LocalCluster, template_db: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def make_db(pg_cluster: LocalCluster, template_db: str) -> Iterator[Callable[[], str]]:
+    """Fresh migrated databases on demand (a scenario run more than once), dropped after."""
+    janitors: list[DatabaseJanitor] = []
+
+    def make() -> str:
+        name = f"rel{os.getpid()}_{next(_module_counter)}"
+        janitor = DatabaseJanitor(user="postgres", host="127.0.0.1", port=pg_cluster.port,
+                                  dbname=name, template_dbname=template_db)
+        janitor.init()
+        janitors.append(janitor)
+        return pg_cluster.url_for(name)
+
+    try:
+        yield make
+    finally:
+        for janitor in janitors:
+            janitor.drop()
+
+
+@pytest.fixture
 def cluster_guard(pg_cluster: LocalCluster) -> Iterator[LocalCluster]:
     """For tests that restart the session's PostgreSQL: it is up again afterwards, whatever
     happened, so the tests that follow are not affected."""

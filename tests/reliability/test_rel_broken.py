@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -127,19 +128,30 @@ def test_gpu_check_catches_a_budget_that_trusts_lagging_usage(
 
 
 def test_gpu_checks_catch_a_budget_that_forgets_jobs_the_usage_does_not_show_yet(
-        db_url: str, make_sim: Any, make_gateway: Any, figures: dict[str, Any]) -> None:
+        make_db: Callable[[], str], make_sim: Any, make_gateway: Any,
+        figures: dict[str, Any]) -> None:
     # The lag handling dropped, the floor kept: usage alone, but never below our own GPUs.
     # Our PROGRESS GPUs then never exceed the quota, so the plain check cannot object; with
     # external usage moving, the checks at admission and at the provider must. The room check
     # before a create a later tick sends (sftq.creates_that_fit) applies the same rule, so it
     # forgets too: the creates of ticks that lost their lease go out and overrun.
-    load_broken(db_url, "procedures/060_admission.sql",
-                "CREATE OR REPLACE FUNCTION sftq.admission_budget(",
-                "GREATEST(ceil(p_quota_usage)::int + ours.recent, ours.total)",
-                "GREATEST(ceil(p_quota_usage)::int, ours.total)")
-    result = run_load(db_url, make_sim, make_gateway, LoadParams(
-        **{**vars(SHORT), "seconds": 12.0, "usage_lag": 60.0, "quota": 16, "users": 8,
-           "job_seconds": 5.0, "external": (0, 2, 4, 6, 8)}))
+    # The admission check objects in every run. Whether a create reaches the provider while
+    # its true usage has no room depends on how external usage moves around the few
+    # admissions that overrun (about one run in seven saw none, CI included), so the scenario
+    # runs up to three times, each in a fresh database, until the provider's check objects,
+    # and every check must have objected in that run.
+    for attempt in range(1, 4):
+        db_url = make_db()
+        load_broken(db_url, "procedures/060_admission.sql",
+                    "CREATE OR REPLACE FUNCTION sftq.admission_budget(",
+                    "GREATEST(ceil(p_quota_usage)::int + ours.recent, ours.total)",
+                    "GREATEST(ceil(p_quota_usage)::int, ours.total)")
+        result = run_load(db_url, make_sim, make_gateway, LoadParams(
+            **{**vars(SHORT), "seconds": 12.0, "usage_lag": 60.0, "quota": 16, "users": 8,
+               "job_seconds": 5.0, "external": (0, 2, 4, 6, 8), "seed": attempt}))
+        if any(k.startswith("gpus at the provider") for k in result.all_violations()):
+            break
+    figures["runs"] = attempt
     figures.update(expect(result, "gpus at admission (in-transaction) (after a tick)",
                           "gpus at the provider (after a tick)",
                           "gpus at admission (in-transaction) (at the end)"))
