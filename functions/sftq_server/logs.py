@@ -2,15 +2,16 @@
 lines are JSON already), INFO and above.
 
 `configure()` is called by every entry point that owns its process: the gateway (the image's
-CMD, `sftq dev`) and the benchmark's servers, so what is measured is what is deployed. A
-deployment that configured logging itself (a handler on the root logger) is left as it is.
+CMD, `sftq dev`), webhook-deliver and jobs-stream, and the benchmark's servers, so what is
+measured is what is deployed. A deployment that configured logging itself (a handler on the
+root logger) is left as it is.
 
 The access log writes one line per request, so its cost is per request too. Two things make
 it cheap without dropping a line:
 - a line waits at most `FLUSH_INTERVAL` seconds in a buffer and goes out with the others of
   that moment in one write, instead of one write system call per request (nginx's
   `access_log ... buffer= flush=`); a WARNING or worse goes out at once with everything before
-  it, and so does the buffer at exit (logging.shutdown flushes every handler);
+  it, and so does the buffer when the process ends;
 - the LogRecord fields no line of ours prints (thread, process and multiprocessing names) are
   not collected (logging.logThreads and friends, the logging HOWTO's "Optimization").
 """

@@ -17,6 +17,7 @@ import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -117,12 +118,13 @@ def granian_cmd() -> list[str]:
     return argv
 
 
-def _start(argv: list[str], port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _start(argv: list[str], port: int, env: dict[str, str],
+           output: int | IO[bytes] = subprocess.PIPE) -> subprocess.Popen[bytes]:
     argv = list(argv)
     argv[argv.index("--port") + 1] = str(port)
     full = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "PYTHONPATH": str(ROOT / "functions"),
             "PYTHONDONTWRITEBYTECODE": "1", **env}
-    return subprocess.Popen(argv, cwd=ROOT, env=full, stdout=subprocess.PIPE,
+    return subprocess.Popen(argv, cwd=ROOT, env=full, stdout=output,
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -172,15 +174,11 @@ def test_the_command_writes_the_access_log(granian_cmd: list[str], db_url: str,
     command nobody else sets logging up, so the app must, and a line still buffered when the
     service is stopped comes out."""
     port = free_port()
-    argv = list(granian_cmd)
-    argv[argv.index("--port") + 1] = str(port)
-    workers = int(argv[argv.index("--workers") + 1])
+    workers = int(granian_cmd[granian_cmd.index("--workers") + 1])
     out_path = tmp_path / "granian.out"
-    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "PYTHONPATH": str(ROOT / "functions"),
-           "PYTHONDONTWRITEBYTECODE": "1", "DATABASE_URL": db_url, "SFTQ_TICK_SECRET": TICK_SECRET}
     with out_path.open("wb") as out_file:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out_file,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = _start(granian_cmd, port, {"DATABASE_URL": db_url,
+                                          "SFTQ_TICK_SECRET": TICK_SECRET}, out_file)
     try:
         # Every worker up first: a worker that gets SIGTERM while it starts never stops.
         deadline = time.monotonic() + 30

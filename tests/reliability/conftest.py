@@ -89,16 +89,22 @@ def make_gateway() -> Iterator[Callable[..., GatewayThread]]:
 _module_counter = itertools.count()
 
 
+def _clone(cluster: LocalCluster, template_db: str) -> tuple[str, DatabaseJanitor]:
+    """A fresh database cloned from the migrated template: its URL, and what drops it."""
+    name = f"rel{os.getpid()}_{next(_module_counter)}"
+    janitor = DatabaseJanitor(user="postgres", host="127.0.0.1", port=cluster.port,
+                              dbname=name, template_dbname=template_db)
+    janitor.init()
+    return cluster.url_for(name), janitor
+
+
 @pytest.fixture(scope="module")
 def module_db_url(pg_cluster: LocalCluster, template_db: str) -> Iterator[str]:
     """One migrated database for a whole module: for the many hostile requests that must
     change nothing (a clone per request would dominate the run time)."""
-    name = f"rel{os.getpid()}_{next(_module_counter)}"
-    janitor = DatabaseJanitor(user="postgres", host="127.0.0.1", port=pg_cluster.port,
-                              dbname=name, template_dbname=template_db)
-    janitor.init()
+    url, janitor = _clone(pg_cluster, template_db)
     try:
-        yield pg_cluster.url_for(name)
+        yield url
     finally:
         janitor.drop()
 
@@ -109,12 +115,9 @@ def make_db(pg_cluster: LocalCluster, template_db: str) -> Iterator[Callable[[],
     janitors: list[DatabaseJanitor] = []
 
     def make() -> str:
-        name = f"rel{os.getpid()}_{next(_module_counter)}"
-        janitor = DatabaseJanitor(user="postgres", host="127.0.0.1", port=pg_cluster.port,
-                                  dbname=name, template_dbname=template_db)
-        janitor.init()
+        url, janitor = _clone(pg_cluster, template_db)
         janitors.append(janitor)
-        return pg_cluster.url_for(name)
+        return url
 
     try:
         yield make
