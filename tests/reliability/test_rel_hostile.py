@@ -82,6 +82,10 @@ def world(module_db_url: str) -> Iterator[dict[str, Any]]:
     # address here, so no fuzzed URL makes a real DNS query (nothing is ever delivered).
     patch = pytest.MonkeyPatch()
     patch.setattr(webhooks, "default_resolver", _public_resolver)
+    # The fuzz reads each event stream it opens until the stream ends or goes quiet: a short
+    # heartbeat and lifetime end each in about a second instead of the 15 s heartbeat's wait.
+    patch.setenv("SFTQ_STREAM_HEARTBEAT_SECONDS", "0.25")
+    patch.setenv("SFTQ_STREAM_MAX_SECONDS", "1")
     app = make_gateway(settings, provider_factory=StopJob)
     served = GatewayThread(settings, provider_factory=StopJob)
     client = Client(app)
