@@ -17,9 +17,11 @@ if TYPE_CHECKING:
 
 
 def _build() -> Handler:
+    from sftq_server import logs
     from sftq_server.api import make_analytics_api
     from sftq_server.settings import get_settings
 
+    logs.configure()  # functions-framework leaves logging alone: the access log would be silent
     return make_analytics_api(get_settings())
 
 

@@ -29,9 +29,11 @@ if TYPE_CHECKING:
 
 
 def _build() -> StreamApp:
+    from sftq_server import logs
     from sftq_server.settings import get_settings
     from sftq_server.stream import StreamApp, make_hub
 
+    logs.configure()  # neither functions-framework nor uvicorn sets up the access log
     return StreamApp(lambda: make_hub(get_settings()))
 
 
@@ -65,9 +67,5 @@ async def jobs_stream(request: Any) -> Any:
 
 
 def asgi_app() -> Any:
-    """The ASGI application, for any ASGI server: `uvicorn --factory jobs_stream:asgi_app`.
-    Sets logging up (the access log), which uvicorn leaves to the app."""
-    from sftq_server import logs
-
-    logs.configure()
+    """The ASGI application, for any ASGI server: `uvicorn --factory jobs_stream:asgi_app`."""
     return _Respond(_app.get())

@@ -26,9 +26,11 @@ if TYPE_CHECKING:
 
 
 def _build() -> TickApp:
+    from sftq_server import logs
     from sftq_server.settings import get_settings
     from sftq_server.tick_http import make_tick_app
 
+    logs.configure()  # functions-framework leaves logging alone: the tick's lines would be lost
     return make_tick_app(get_settings())
 
 

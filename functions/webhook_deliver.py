@@ -36,9 +36,12 @@ if TYPE_CHECKING:
 
 
 def _build() -> DeliverApp:
+    from sftq_server import logs
     from sftq_server.settings import get_settings
     from sftq_server.webhooks import make_deliver_app
 
+    # Neither functions-framework nor granian sets logging up: one line per delivery outcome.
+    logs.configure()
     return make_deliver_app(get_settings())
 
 
@@ -64,9 +67,5 @@ def webhook_deliver(request: Any) -> tuple[bytes, int, dict[str, str]]:
 
 
 def create_app() -> DeliverApp:
-    """The WSGI app, for a WSGI server's factory option (the container image's granian).
-    Sets logging up (one line per delivery outcome), which granian leaves to the app."""
-    from sftq_server import logs
-
-    logs.configure()
+    """The WSGI app, for a WSGI server's factory option (the container image's granian)."""
     return _app.get()

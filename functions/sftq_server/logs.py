@@ -2,9 +2,10 @@
 lines are JSON already), INFO and above.
 
 `configure()` is called by every entry point that owns its process: the gateway (the image's
-CMD, `sftq dev`), webhook-deliver and jobs-stream, and the benchmark's servers, so what is
-measured is what is deployed. A deployment that configured logging itself (a handler on the
-root logger) is left as it is.
+CMD, `sftq dev`), each functions-framework entry module when it builds its handler on the
+first request (jobs-api, analytics, scheduler-tick, webhook-deliver, jobs-stream, also under
+granian and uvicorn), and the benchmark's servers, so what is measured is what is deployed.
+A deployment that configured logging itself (a handler on the root logger) is left as it is.
 
 The access log writes one line per request, so its cost is per request too. Two things make
 it cheap without dropping a line:

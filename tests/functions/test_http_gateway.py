@@ -3,6 +3,7 @@ points (which must build their handler lazily and import little at load)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -191,6 +192,47 @@ def test_functions_framework_serves_analytics(ff_env: str, alice: str) -> None:
     assert client.get("/jobs/analytics/summary", headers=headers).get_json()["total"] == 0
     assert client.get("/health").status_code == 200
     assert client.get("/jobs", headers=headers).status_code == 404
+
+
+def test_functions_framework_writes_the_access_log(db_url: str) -> None:
+    """docs/api.md's access log under `functions-framework --target jobs_api` itself, which
+    sets no logging up: the entry module must, or every request would go unrecorded."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SFTQ_")}
+    env |= {"PYTHONPATH": str(ROOT / "functions"), "DATABASE_URL": db_url}
+    cmd = [sys.executable, "-m", "functions_framework", "--source",
+           str(ROOT / "functions" / "jobs_api.py"), "--target", "jobs_api",
+           "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                req = urllib.request.Request(f"http://127.0.0.1:{port}/jobs/nope",
+                                             headers={"Authorization": "Bearer sk_not_a_key"})
+                urllib.request.urlopen(req, timeout=5)
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 401
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGTERM)  # at once: the line may still be in its buffer
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = [json.loads(x) for x in out.decode().splitlines() if x.startswith('{"fn"')]
+    assert [(x["fn"], x["route"], x["status"]) for x in lines] == [
+        ("jobs-api", "/jobs/{id}", 401)], out.decode()
+    assert b"sk_not_a_key" not in out
 
 
 def test_entry_points_import_little_at_load() -> None:
