@@ -197,12 +197,11 @@ def test_functions_framework_serves_analytics(ff_env: str, alice: str) -> None:
 def test_functions_framework_writes_the_access_log(db_url: str) -> None:
     """docs/api.md's access log under `functions-framework --target jobs_api` itself, which
     sets no logging up: the entry module must, or every request would go unrecorded."""
-    import socket
     import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from sftq_server.pgcluster import free_port
+
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SFTQ_")}
     env |= {"PYTHONPATH": str(ROOT / "functions"), "DATABASE_URL": db_url}
     cmd = [sys.executable, "-m", "functions_framework", "--source",

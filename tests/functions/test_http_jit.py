@@ -41,15 +41,14 @@ EXPLAIN_OPTIONS = " ".join(f"-c {k}={v}" for k, v in {
 }.items())
 # The log's own lines start with a timestamp; a plan continues on the lines after its own.
 ENTRY = re.compile(r"\n(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+# A plan that was compiled says so in a section of its own.
+JIT = re.compile(r"^\s*JIT:", re.M)
 
 
 def _entries(log: Path, offset: int) -> list[str]:
     with log.open(encoding="utf-8", errors="replace") as f:
         f.seek(offset)
         return ENTRY.split(f.read())
-
-
-JIT = re.compile(r"^\s*JIT:", re.M)
 
 
 def _jit_plans(entries: list[str]) -> list[str]:
@@ -85,8 +84,8 @@ def world(explained_url: str, db_url: str) -> Iterator[dict[str, Any]]:
         for _ in range(30):
             api.enqueue(bob)
         db.admit(100)
-        for job in (done, running):
-            db.submitted(job, "DPO" if job == done else "RFT")
+        db.submitted(done, "DPO")
+        db.submitted(running, "RFT")
         db.provider_state(done, "JOB_STATE_COMPLETED")
         for _ in range(30):
             api.enqueue(alice, gpu_count=2)
