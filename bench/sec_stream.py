@@ -300,7 +300,10 @@ async def _burst(conn: psycopg.Connection[Any], streams: Streams,
             "streams_with_repeats": sum(1 for r, _, _ in per_stream if r),
             "missing_frames": sum(m for _, m, _ in per_stream),
             "streams_with_gaps": sum(1 for _, m, _ in per_stream if m),
-            "unexpected_frames": sum(u for _, _, u in per_stream)}
+            "unexpected_frames": sum(u for _, _, u in per_stream),
+            # A stream the server ended (reconnect) before the bench closed it misses
+            # whatever came after: count them, so a gap says whether that was its cause.
+            "streams_ended_by_server": sum(1 for i in streams.open if streams.tasks[i].done())}
 
 
 # --- 2. queue frames at the end of a tick --------------------------------------------------------
@@ -493,7 +496,8 @@ def run(b: Bench) -> None:
           ok=burst["streams_exactly_once"] == n and burst["unexpected_frames"] == 0,
           note=f"{burst['users']} users; {burst['repeated_frames']} repeated "
                f"({burst['streams_with_repeats']} streams), {burst['missing_frames']} missing "
-               f"({burst['streams_with_gaps']} streams), {burst['unexpected_frames']} unexpected")
+               f"({burst['streams_with_gaps']} streams), {burst['unexpected_frames']} unexpected; "
+               f"{burst['streams_ended_by_server']} streams ended by the server")
     for k in WATCHED:
         q = qf[str(k)]
         b.add(SECTION, f"end-of-tick queue frames, {k} watched user{'s' if k > 1 else ''}: "

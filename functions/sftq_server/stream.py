@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from . import db as dbmod
 from .api import authenticate, job_id_param
-from .errors import BadRequest, MethodNotAllowed, NotFound, SftqError, Unavailable
+from .errors import BadRequest, MethodNotAllowed, NotFound, SftqError, Unauthorized, Unavailable
 from .stream_paths import parse_stream_path
 from .web import Headers, Request, Response, StartResponse, error_response, status_line
 
@@ -383,10 +383,13 @@ class StreamHub:
                 (r, encode(r.frame, _token(r.id, r.txid), r.data)))
         self.frames += len(rows)
         if len(covered_users) != len(self.by_user) or not covered_users.issuperset(self.by_user):
-            # A user the poll did not cover (its registration was not visible to the poll's
-            # snapshot yet): its streams read this window themselves.
+            # A user the poll did not cover: its registration was not visible to the poll's
+            # snapshot yet, or it is gone (a refresh whose keys were taken before that
+            # stream's open began, but which ran after the open registered, drops it). Its
+            # streams read this window themselves, and the next poll re-registers every key.
             for user_id, streams in self.by_user.items():
                 if user_id not in covered_users:
+                    self._force_refresh = True
                     for s in streams:
                         if s.synced:
                             s.synced = False
@@ -423,6 +426,11 @@ class StreamHub:
                     s.covered = max(s.covered, scan.position)
                 else:
                     s.covered = max(s.covered, (upto, 0))
+        except Unauthorized:
+            # "No longer registered" (see distribute): the stream stays unsynced and tries
+            # again after the next poll, which re-registers its key or, for a key revoked
+            # meanwhile, answers it gone and ends the stream.
+            self._force_refresh = True
         except Exception:
             logger.exception("stream backfill failed; the client resumes on reconnect")
             s.finish(_RECONNECT)
