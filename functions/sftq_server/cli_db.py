@@ -15,10 +15,16 @@ _TIMEOUT = re.compile(r"[0-9]+\s*(ms|s|min|h)?")
 
 
 def set_login_role(database_url: str, login: str, member_of: str, password: str,
-                   statement_timeout: str | None) -> bool:
+                   statement_timeout: str | None, *, keep_jit: bool = False) -> bool:
     """Create or update `login`, a member of `member_of`. The password reaches the server only
     as a SCRAM-SHA-256 verifier computed here (libpq's PQencryptPasswordConn), so no statement
-    text, log line or pg_stat_statements entry ever holds it. True if the role is new."""
+    text, log line or pg_stat_statements entry ever holds it. True if the role is new.
+
+    The role gets `jit = off` unless keep_jit: PostgreSQL compiles a plan whose estimated
+    cost passes jit_above_cost, and the planner's estimates for the queue's views and
+    functions are far above what they cost to run (an analyst's `WHERE fifo_rank <= 100`,
+    well under a millisecond, compiles for about ten; docs/analysts.md). keep_jit resets the
+    role's own setting, so the server's applies."""
     import psycopg
     from psycopg import sql
 
@@ -36,6 +42,8 @@ def set_login_role(database_url: str, login: str, member_of: str, password: str,
             if statement_timeout:
                 conn.execute(sql.SQL("ALTER ROLE {} SET statement_timeout = {}").format(
                     sql.Identifier(login), sql.Literal(statement_timeout)))
+            conn.execute(sql.SQL("ALTER ROLE {} RESET jit" if keep_jit
+                                 else "ALTER ROLE {} SET jit = off").format(sql.Identifier(login)))
     return not exists
 
 
@@ -57,7 +65,7 @@ def _cmd_login_role(args: argparse.Namespace, url: str) -> int:
 
     try:
         created = set_login_role(url, args.login, args.member_of, password,
-                                 args.statement_timeout)
+                                 args.statement_timeout, keep_jit=args.keep_jit)
     except psycopg.Error as exc:
         print(f"error: {exc}".rstrip(), file=sys.stderr)
         return 1
@@ -138,6 +146,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("login", help="the login role, e.g. sftq_api_login")
     p.add_argument("--member-of", required=True, choices=LOGIN_GROUPS)
     p.add_argument("--statement-timeout", help="a per-role ceiling on any statement, e.g. 30s")
+    p.add_argument("--keep-jit", action="store_true",
+                   help="leave the server's jit setting to the role (by default the role gets "
+                   "jit = off: compiling the queue's plans costs more than running them)")
     _database_options(p)
     p = db_sub.add_parser(
         "export", help="write sql/ as Supabase CLI migrations (supabase/migrations/)",

@@ -81,3 +81,27 @@ def test_pg8000_reads_the_views_and_nothing_else(analyst: str) -> None:
             assert refused.value.args[0]["C"] == "42501"  # insufficient_privilege
     finally:
         conn.close()
+
+
+def test_an_analyst_login_runs_without_jit_unless_asked_to_keep_it(
+        analyst: str, db_url: str) -> None:
+    # PostgreSQL's default is jit = on; the guide's `WHERE fifo_rank <= 100` would then be
+    # compiled at every run (its estimated cost is that of numbering the whole queue).
+    login = str(psycopg.conninfo.conninfo_to_dict(analyst)["user"])
+
+    def role_settings() -> list[str]:
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            row = admin.execute("SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_roles r "
+                                "ON r.oid = s.setrole WHERE r.rolname = %s", (login,)).fetchone()
+            return list(row[0]) if row else []
+
+    def session_jit() -> str:
+        with psycopg.connect(analyst, autocommit=True, sslmode="disable") as conn:
+            row = conn.execute("SHOW jit").fetchone()
+            assert row is not None
+            return str(row[0])
+
+    assert role_settings() == ["statement_timeout=5min", "jit=off"]
+    assert session_jit() == "off"
+    set_login_role(db_url, login, "sftq_analyst", PASSWORD, "5min", keep_jit=True)
+    assert role_settings() == ["statement_timeout=5min"]  # the server's setting applies

@@ -66,7 +66,8 @@ def test_db_step_migrates_and_makes_least_privilege_logins(
     settings = dict(conn.execute(
         "SELECT r.rolname, s.setconfig FROM pg_db_role_setting s "
         "JOIN pg_roles r ON r.oid = s.setrole WHERE r.rolname = ANY(%s)", names).fetchall())
-    assert settings == {api: ["statement_timeout=30s"], analyst: ["statement_timeout=5min"]}
+    assert settings == {api: ["statement_timeout=30s", "jit=off"],
+                        analyst: ["statement_timeout=5min", "jit=off"]}
     owned = conn.execute("SELECT count(*) FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner "
                          "WHERE r.rolname = ANY(%s)", names).fetchone()
     assert owned == (0,)
