@@ -111,6 +111,34 @@ def test_requests_that_arrive_together_share_one_transaction(db_url: str, db: Db
     assert events == (12,)
 
 
+def test_a_batch_stores_every_text_exactly(db_url: str, db: Db) -> None:
+    # The arrays go to the database in binary: quotes, backslashes, braces, commas, array
+    # syntax, NULL spelled out, non-ASCII and empty strings come back as sent.
+    key = db.user("alice")
+    names = ['q"uote', "back\\slash", "{brace},comma", "NULL", "", "caf\u00e9 \u2603 \U0001f680",
+             None, "  spaced  "]
+    payloads = [json.dumps({"dataset": n if n is not None else "x", "nested": {"a": [1, "\\\""]}},
+                           ensure_ascii=False, separators=(",", ":")) for n in names]
+    idems = [None, 'idem"1', "idem\\2", None, "{}", None, None, "é"]
+    held = HeldDatabase(db_url)
+    gc = GroupCommit(held)
+    try:
+        first, rest = run_together(gc, held, params(key, "lead"), [
+            (hashlib.sha256(key.encode()).digest(), "DPO", payload, name, 2, idem, 3600)
+            for name, payload, idem in zip(names, payloads, idems, strict=True)])
+    finally:
+        held.close()
+    assert held.calls == [1, len(names)]
+    rows = {str(r[0]): r[1:] for r in db.conn.execute(
+        "SELECT id, display_name, fireworks_payload::text, idempotency_key, kind, gpu_count, "
+        "queue_timeout_seconds FROM sftq.jobs").fetchall()}
+    for (_, _, job_id), name, payload, idem in zip(rest, names, payloads, idems, strict=True):
+        stored_name, stored_payload, stored_idem, kind, gpus, timeout = rows[job_id]
+        assert stored_name == name and stored_idem == idem
+        assert json.loads(stored_payload) == json.loads(payload)
+        assert (kind, gpus, timeout) == ("DPO", 2, 3600)
+
+
 def test_each_request_of_a_batch_gets_its_own_answer(db_url: str, db: Db) -> None:
     alice, bob, carol = db.user("alice"), db.user("bob"), db.user("carol")
     revoked = db.user("dave")
