@@ -16,15 +16,17 @@ from sftq_server.db import Database
 from sftq_server.stream import StreamHub
 
 
+def registered(sql: Sql, hub: StreamHub, key: str) -> int:
+    """How many registrations of `key` the hub's instance has (0 or 1)."""
+    return int(sql.one("SELECT count(*) FROM sftq.stream_watchers w JOIN sftq.api_keys k "
+                       "ON k.id = w.key_id WHERE w.instance = %s AND k.key_hash = %s",
+                       hub.instance, hashlib.sha256(key.encode()).digest()))
+
+
 def test_a_refresh_during_an_open_keeps_the_new_registration(db_url: str, sql: Sql) -> None:
     first, second = sql.user("u0"), sql.user("u1")
     sql.enqueue("u0")
     sql.enqueue("u1")
-
-    def registered(hub: StreamHub, key: str) -> int:
-        return int(sql.one("SELECT count(*) FROM sftq.stream_watchers w JOIN sftq.api_keys k "
-                           "ON k.id = w.key_id WHERE w.instance = %s AND k.key_hash = %s",
-                           hub.instance, hashlib.sha256(key.encode()).digest()))
 
     async def scenario() -> list[int]:
         db = Database(db_url, max_size=4, timeout=3.0)
@@ -39,10 +41,10 @@ def test_a_refresh_during_an_open_keeps_the_new_registration(db_url: str, sql: S
                 if query == dbmod.STREAM_OPEN:
                     # The hub's refresh lands between this open's registration and its
                     # attach (as when many streams open at once).
-                    seen.append(registered(hub, second))
+                    seen.append(registered(sql, hub, second))
                     hub._force_refresh = True
                     await hub.poll()
-                    seen.append(registered(hub, second))
+                    seen.append(registered(sql, hub, second))
                 return rows
 
             hub._db = refresh_after_the_open_registers  # type: ignore[method-assign]
@@ -95,15 +97,10 @@ def test_a_refresh_that_missed_an_open_does_not_end_its_stream(db_url: str, sql:
                 got = any(isinstance(item, tuple) and job.encode() in item[0]
                           for item in stream._out)
             await asyncio.sleep(3 * FAST.poll_ms / 1000)
-            return got, stream.done, registered(hub, second)
+            return got, stream.done, registered(sql, hub, second)
         finally:
             await hub.aclose()
             db.close()
-
-    def registered(hub: StreamHub, key: str) -> int:
-        return int(sql.one("SELECT count(*) FROM sftq.stream_watchers w JOIN sftq.api_keys k "
-                           "ON k.id = w.key_id WHERE w.instance = %s AND k.key_hash = %s",
-                           hub.instance, hashlib.sha256(key.encode()).digest()))
 
     got, done, still_registered = asyncio.run(scenario())
     assert (got, done) == (True, False)
