@@ -25,6 +25,7 @@ from common import Bench, CpuMeter, conninfo_kwargs, percentile, tree
 from servers import ServerSpec
 
 from sftq_server import db as dbmod
+from sftq_server.group_commit import batch_arrays
 
 SECTION = "enqueue"
 CONCURRENCY = 16
@@ -250,8 +251,9 @@ def run_bare_many(b: Bench, n: int, *, threads: int = 2, batch: int = 8) -> dict
         def make(i: int) -> Callable[[], None]:
             conn = conns[i]
             mine = [hashes[(i * batch + j) % len(hashes)] for j in range(batch)]
-            params = (mine, ["SFT"] * batch, [PAYLOAD_TEXT] * batch, ["bench-job"] * batch,
-                      [4] * batch, [None] * batch, [None] * batch, None)
+            # Packed as the web layer packs them (sftq_server.group_commit.batch_arrays).
+            params = (*batch_arrays([(h, "SFT", PAYLOAD_TEXT, "bench-job", 4, None, None)
+                                     for h in mine]), None)
 
             def call() -> None:
                 conn.execute(dbmod.API_SUBMIT_MANY, params).fetchall()

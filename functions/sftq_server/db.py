@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from . import pg_arrays  # noqa: F401 - registers its dumpers before any connection is made
 from .errors import SftqError, Unavailable, from_db_error
 
 # --- jobs-api: one call per request -------------------------------------------------

@@ -608,7 +608,7 @@ class WsgiStreams:
             _log(request, request.path, response.status, started)
             start_response(status_line(response.status),
                            [*response.headers, ("Content-Length", str(len(response.body)))])
-            return (response.body,)
+            return [response.body]
         start_response(status_line(200), list(STREAM_HEADERS))
         return _WsgiBody(loop, opened, request, started)
 

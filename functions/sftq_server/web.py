@@ -393,7 +393,9 @@ def wsgi_app(handler: Handler) -> WSGIApp:
         body = response.body
         start_response(status_line(response.status),
                        [*response.headers, ("Content-Length", str(len(body)))])
-        return (body,)
+        # A list, not another iterable: granian writes a list's bytes at once, and walks
+        # anything else through an iterator wrapper, calling back into Python for each step.
+        return [body]
 
     return app
 
@@ -420,6 +422,6 @@ def simple_app(status: int, message: str, code: str,
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         start_response(line, list(all_headers))
-        return (body,)
+        return [body]
 
     return app

@@ -15,10 +15,12 @@ import pytest
 from fn_support import SFT_PAYLOAD, Api, Db
 from werkzeug.test import Client
 
+from sftq_server import pg_arrays
 from sftq_server.api import make_jobs_api
 from sftq_server.db import Database
 from sftq_server.errors import Conflict, SftqError, Unauthorized
 from sftq_server.group_commit import GroupCommit, Params, _Request
+from sftq_server.pg_arrays import array_length
 from sftq_server.settings import Settings
 from sftq_server.web import wsgi_app
 
@@ -40,7 +42,7 @@ class HeldDatabase(Database):
         self.calls: list[int] = []
 
     def fetchall(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        self.calls.append(len(params[0]))
+        self.calls.append(array_length(params[0]))
         if len(self.calls) == 1:
             self.entered.set()
             assert self.release.wait(10)
@@ -139,6 +141,27 @@ def test_a_batch_stores_every_text_exactly(db_url: str, db: Db) -> None:
         assert (kind, gpus, timeout) == ("DPO", 2, 3600)
 
 
+def test_packed_arrays_reach_the_database_as_psycopgs_own_lists_do(db: Db) -> None:
+    # sftq_server.pg_arrays packs the batch's arrays itself; each must arrive exactly as
+    # psycopg's list dumper would have sent it, NULL elements and empty arrays included.
+    texts = ['q"uote', None, "", "caf\u00e9 \U0001f680", "{a,b}", "NULL"]
+    cases = [
+        ("bytea", pg_arrays.bytea_array, [b"\x00\xff", None, b"", hashlib.sha256(b"k").digest()]),
+        ("text", pg_arrays.text_array, texts),
+        ("jsonb", pg_arrays.jsonb_array, ['{"a": [1, "\\u00e9"]}', None, "[]", '"s"']),
+        ("int", pg_arrays.int4_array, [4, None, 0, -1, 2**31 - 1, -(2**31)]),
+    ]
+    for sqltype, pack, values in cases:
+        for items in (values, values[:1], []):
+            sent = pack(items)
+            assert array_length(sent) == len(items)
+            ours, theirs = db.conn.execute(
+                f"SELECT %b::{sqltype}[], %b::{sqltype}[]", (sent, list(items))).fetchone()
+            assert ours == theirs, (sqltype, items)
+            if sqltype != "jsonb":  # jsonb comes back parsed
+                assert ours == list(items)
+
+
 def test_each_request_of_a_batch_gets_its_own_answer(db_url: str, db: Db) -> None:
     alice, bob, carol = db.user("alice"), db.user("bob"), db.user("carol")
     revoked = db.user("dave")
@@ -196,8 +219,8 @@ class FailingBatches(Database):
         self.sizes: list[int] = []
 
     def fetchall(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        self.sizes.append(len(params[0]))
-        if len(params[0]) > 1:
+        self.sizes.append(array_length(params[0]))
+        if self.sizes[-1] > 1:
             raise SftqError("a surprise")
         return super().fetchall(query, params)
 
@@ -264,7 +287,7 @@ class CountingDatabase:
         self.calls: list[int] = []
 
     def fetchall(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        n = len(params[0])
+        n = array_length(params[0])
         self.calls.append(n)
         return [(i, "{}", False, f"job{len(self.calls)}-{i}", None, None, None)
                 for i in range(n)]
