@@ -91,6 +91,7 @@ class GroupCommit:
         self._arrived = threading.Condition(self._lock)
         self._waiting: deque[_Request] = deque()
         self._leading = False
+        self._expecting = 0  # while a leader lingers: how many waiting requests it waits for
         self._recent: deque[int] = deque([1], maxlen=self.RECENT)
         # Batch sizes seen, for the benchmark and the tests: (batches, requests).
         self.batches = 0
@@ -104,8 +105,10 @@ class GroupCommit:
             lead = not self._leading
             if lead:
                 self._leading = True
-            else:
-                self._arrived.notify()  # a lingering leader counts arrivals
+            elif self._expecting and len(self._waiting) >= self._expecting:
+                # The company a lingering leader waits for is here. Only then: waking it at
+                # every arrival made it switch in and out of the CPU once per request.
+                self._arrived.notify()
         if not lead:
             me.wait()
             lead = me.lead
@@ -147,11 +150,15 @@ class GroupCommit:
         if self._linger <= 0 or len(self._waiting) >= expected:
             return
         deadline = time.monotonic() + self._linger
-        while len(self._waiting) < expected:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            self._arrived.wait(left)
+        self._expecting = expected
+        try:
+            while len(self._waiting) < expected:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._arrived.wait(left)
+        finally:
+            self._expecting = 0
 
     def _run(self, batch: list[_Request]) -> None:
         self.batches += 1
