@@ -51,6 +51,9 @@ HTTP_SPECS = [
     ServerSpec("granian wsgi 2x8", "granian", workers=2, threads=8),
     ServerSpec("granian wsgi 1x16", "granian", workers=1, threads=16),
 ]
+# A design under study, not a deployment: POST /jobs on an event loop per worker (RSGI),
+# the group commit as asyncio tasks (bench/rsgi_jobs.py).
+RSGI_STUDY = ServerSpec("granian rsgi 2x1, event-loop study", "granian-rsgi", workers=2)
 # The setup the goals are judged on: the first one installed (see docs/performance.md).
 RECOMMENDED_ORDER = ("granian wsgi 2x8", "granian wsgi 2x2", "gunicorn gthread 2x4")
 FF_SPECS = [
@@ -587,6 +590,12 @@ def run(b: Bench) -> None:
             b.add(SECTION, f"HTTP {spec.name}", res["rps"], "req/s",
                   note=f"p50 {res['p50']:.1f} / p99 {res['p99']:.1f} ms; "
                        f"{res['rps'] / bare['rps']:.2f}x bare; {_cpu_note(res)}")
+        if servers.available(RSGI_STUDY.kind):
+            res = quiet_runs.run(functools.partial(run_http, b, RSGI_STUDY, n))
+            http[RSGI_STUDY.name] = res
+            b.add(SECTION, f"HTTP {RSGI_STUDY.name}", res["rps"], "req/s",
+                  note=f"p50 {res['p50']:.1f} / p99 {res['p99']:.1f} ms; {_cpu_note(res)}; "
+                       "bench/rsgi_jobs.py, not a deployment")
         if rec:
             quiet = ServerSpec(rec.name, rec.kind, rec.workers, rec.threads, rec.worker_class,
                                access_log=False)
@@ -640,6 +649,17 @@ def run(b: Bench) -> None:
                   note="rounds " + ", ".join(f"{x:.2f}" for x in by_cpu) + "; per job HTTP "
                        + ", ".join(f"{_cpu_per_job(h):.2f}" for h, _ in pairs) + " / pgqueuer "
                        + ", ".join(f"{_cpu_per_job(p):.2f}" for _, p in pairs) + " ms")
+        study = http.get(RSGI_STUDY.name)
+        if pgq and study:
+            pairs = paired_rounds(quiet_runs, functools.partial(run_http, b, RSGI_STUDY, n),
+                                  lambda: run_pgqueuer(b, n), rounds=2)
+            results["paired_pgqueuer_rsgi_study"] = pairs
+            by_rate = [h["rps"] / p["rps"] for h, p in pairs]
+            by_cpu = [_cpu_per_job(p) / _cpu_per_job(h) for h, p in pairs]
+            b.add(SECTION, "  the event-loop study / pgqueuer, paired",
+                  statistics.median(by_rate), "x",
+                  note="rounds " + ", ".join(f"{x:.2f}" for x in by_rate) + "; by CPU per job "
+                       + ", ".join(f"{x:.2f}" for x in by_cpu) + "; not a deployment")
         if proc:
             b.add(SECTION, f"ratio HTTP ({rec.name}) / procrastinate",
                   rec_res["rps"] / proc["rps"], "x")

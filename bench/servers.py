@@ -27,7 +27,7 @@ class ServerSpec:
     """One way of serving the jobs-api."""
 
     name: str
-    kind: str  # gunicorn | granian | ff
+    kind: str  # gunicorn | granian | granian-rsgi (bench/rsgi_jobs.py) | ff
     workers: int = 1
     threads: int = 1
     worker_class: str = "sync"
@@ -81,7 +81,8 @@ def _tool(name: str) -> str:
 
 def available(kind: str) -> bool:
     try:
-        _tool({"gunicorn": "gunicorn", "granian": "granian", "ff": "functions-framework"}[kind])
+        _tool({"gunicorn": "gunicorn", "granian": "granian", "granian-rsgi": "granian",
+               "ff": "functions-framework"}[kind])
     except FileNotFoundError:
         return False
     return True
@@ -112,6 +113,11 @@ def start(spec: ServerSpec, database_url: str, log_dir: Path) -> Server:
                "--port", str(port), "--workers", str(spec.workers),
                "--blocking-threads", str(spec.threads), "--log-level", "warning",
                "--no-ws", "--working-dir", str(BENCH), "wsgi_jobs:app"]
+    elif spec.kind == "granian-rsgi":
+        # The design under study (bench/rsgi_jobs.py): one event loop per worker, no threads.
+        cmd = [_tool("granian"), "--interface", "rsgi", "--host", "127.0.0.1",
+               "--port", str(port), "--workers", str(spec.workers), "--log-level", "warning",
+               "--no-ws", "--working-dir", str(BENCH), "rsgi_jobs:app"]
     elif spec.kind == "ff":
         # functions-framework runs gunicorn itself: WORKERS processes of THREADS threads
         # (its defaults: 1 worker, 4 threads per CPU).
