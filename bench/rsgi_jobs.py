@@ -26,8 +26,7 @@ import psycopg
 
 from sftq_server import db as dbmod
 from sftq_server.api import authenticate, check_json_content_type, idempotency_key, parse_submit
-from sftq_server.errors import from_sqlstate
-from sftq_server.group_commit import Params, batch_arrays
+from sftq_server.group_commit import Params, answer_of, batch_arrays
 from sftq_server.web import JSON, Headers, Request, error_response
 
 access_log = logging.getLogger("sftq.access")
@@ -77,11 +76,11 @@ class AsyncGroupCommit:
         finally:
             self._conn.put_nowait(conn)
         for (_, answer), row in zip(batch, rows, strict=True):
-            body, replayed, job_id, err_state, err_message, err_detail = row[1:]
-            if err_state is not None:
-                answer.set_exception(from_sqlstate(err_state, err_message, err_detail))
+            result, error = answer_of(row)
+            if error is not None:
+                answer.set_exception(error)
             else:
-                answer.set_result((body, bool(replayed), str(job_id)))
+                answer.set_result(result)
 
 
 group_commit = AsyncGroupCommit(os.environ["DATABASE_URL"])

@@ -507,6 +507,13 @@ def paired_rounds(quiet: Quiet, first: Callable[[], dict[str, Any]],
     return pairs
 
 
+def _paired_ratios(pairs: list[tuple[dict[str, Any], dict[str, Any]]]
+                   ) -> tuple[list[float], list[float]]:
+    """Each round's ratio of the first path to the second: by rate, and by CPU per job."""
+    return ([a["rps"] / b["rps"] for a, b in pairs],
+            [_cpu_per_job(b) / _cpu_per_job(a) for a, b in pairs])
+
+
 def _disturbed(res: dict[str, Any]) -> float:
     c = res["cpu_ms_per_req"]
     return float(c["other"] / c["machine"]) if c.get("machine") else 0.0
@@ -635,8 +642,7 @@ def run(b: Bench) -> None:
             pairs = paired_rounds(quiet_runs, functools.partial(run_http, b, rec, n),
                                   lambda: run_pgqueuer(b, n), rounds=1 if b.quick else 4)
             results["paired_pgqueuer"] = pairs
-            by_rate = [h["rps"] / p["rps"] for h, p in pairs]
-            by_cpu = [_cpu_per_job(p) / _cpu_per_job(h) for h, p in pairs]
+            by_rate, by_cpu = _paired_ratios(pairs)
             r = statistics.median(by_rate)
             b.add(SECTION, f"ratio HTTP ({rec.name}) / pgqueuer, paired", r, "x", goal=">= 1.0",
                   ok=r >= 1.0,
@@ -654,8 +660,7 @@ def run(b: Bench) -> None:
             pairs = paired_rounds(quiet_runs, functools.partial(run_http, b, RSGI_STUDY, n),
                                   lambda: run_pgqueuer(b, n), rounds=2)
             results["paired_pgqueuer_rsgi_study"] = pairs
-            by_rate = [h["rps"] / p["rps"] for h, p in pairs]
-            by_cpu = [_cpu_per_job(p) / _cpu_per_job(h) for h, p in pairs]
+            by_rate, by_cpu = _paired_ratios(pairs)
             b.add(SECTION, "  the event-loop study / pgqueuer, paired",
                   statistics.median(by_rate), "x",
                   note="rounds " + ", ".join(f"{x:.2f}" for x in by_rate) + "; by CPU per job "

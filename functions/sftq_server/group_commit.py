@@ -54,6 +54,14 @@ def batch_arrays(items: Sequence[Params]) -> tuple[pg_arrays.PackedArray, ...]:
             pg_arrays.int4_array(timeouts))
 
 
+def answer_of(row: tuple[Any, ...]) -> tuple[Answer | None, SftqError | None]:
+    """One row of sftq.api_submit_many: the request's answer, or the error it alone gets."""
+    body, replayed, job_id, err_state, err_message, err_detail = row[1:]
+    if err_state is not None:
+        return None, from_sqlstate(err_state, err_message, err_detail)
+    return (body, bool(replayed), str(job_id)), None
+
+
 class _Request:
     __slots__ = ("params", "_done", "lead", "answer", "error")
 
@@ -181,11 +189,7 @@ class GroupCommit:
                 self._run([r])
             return
         for r, row in zip(batch, rows, strict=True):
-            body, replayed, job_id, err_state, err_message, err_detail = row[1:]
-            if err_state is not None:
-                r.error = from_sqlstate(err_state, err_message, err_detail)
-            else:
-                r.answer = (body, bool(replayed), str(job_id))
+            r.answer, r.error = answer_of(row)
 
     def _call(self, items: Sequence[Params]) -> list[tuple[Any, ...]]:
         rows = self._db.fetchall(dbmod.API_SUBMIT_MANY,

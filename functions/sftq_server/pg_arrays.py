@@ -25,9 +25,8 @@ from psycopg.adapt import Dumper
 
 _HEADER = struct.Struct("!iiiii")  # ndim 1, has-nulls flag, element OID, length, lower bound 1
 _EMPTY = struct.Struct("!iii")  # ndim 0, flags, element OID
-_LENGTH = struct.Struct("!i")
-_INT4 = struct.Struct("!ii")  # element length 4, the value
-_NULL = _LENGTH.pack(-1)
+_INT4 = struct.Struct("!i")  # an element's length, or an int4 element
+_NULL = _INT4.pack(-1)
 
 
 class PackedArray(bytes):
@@ -69,7 +68,7 @@ def _pack(cls: type[A], elements: list[bytes | None]) -> A:
         if e is None:
             parts.append(_NULL)
         else:
-            parts.append(_LENGTH.pack(len(e)))
+            parts.append(_INT4.pack(len(e)))
             parts.append(e)
     return cls(b"".join(parts))
 
@@ -88,24 +87,13 @@ def jsonb_array(values: Iterable[str | None]) -> JsonbArray:
 
 
 def int4_array(values: Iterable[int | None]) -> Int4Array:
-    items = list(values)
-    if not items:
-        return Int4Array(_EMPTY.pack(0, 0, Int4Array.element_oid))
-    parts = [_HEADER.pack(1, 1, Int4Array.element_oid, len(items), 1)]
-    parts += [_NULL if v is None else _INT4.pack(4, v) for v in items]
-    return Int4Array(b"".join(parts))
+    return _pack(Int4Array, [None if v is None else _INT4.pack(v) for v in values])
 
 
 def array_length(value: PackedArray) -> int:
     """How many elements a packed array holds (0 for an empty one)."""
-    ndim = _LENGTH.unpack_from(value, 0)[0]
-    return _LENGTH.unpack_from(value, 12)[0] if ndim else 0
-
-
-def _register() -> None:
-    for cls in (ByteaArray, TextArray, Int4Array, JsonbArray):
-        dumper = type(f"{cls.__name__}Dumper", (_PassThrough,), {"oid": cls.oid})
-        psycopg.adapters.register_dumper(cls, dumper)
+    ndim = _INT4.unpack_from(value, 0)[0]
+    return _INT4.unpack_from(value, 12)[0] if ndim else 0
 
 
 class _PassThrough(Dumper):
@@ -113,6 +101,12 @@ class _PassThrough(Dumper):
 
     def dump(self, obj: PackedArray) -> bytes:
         return obj
+
+
+def _register() -> None:
+    for cls in (ByteaArray, TextArray, Int4Array, JsonbArray):
+        dumper = type(f"{cls.__name__}Dumper", (_PassThrough,), {"oid": cls.oid})
+        psycopg.adapters.register_dumper(cls, dumper)
 
 
 # Before any connection exists: db.py imports this module, and connections copy the global
