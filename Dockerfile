@@ -1,8 +1,8 @@
 # The three functions (jobs-api, analytics, scheduler-tick) behind one port, served by granian
-# with the setup docs/performance.md recommends: WSGI, 2 worker processes x 8 blocking threads
-# (HTTP parsing in Rust: about 0.5 ms of server CPU per request where functions-framework's
-# gunicorn and Flask stack spent 1.2-1.3 ms; 8 threads a process so that the POST /jobs that
-# arrive together share a transaction, group commit). Paths are the contract's: /functions/v1/<name>.
+# with the setup docs/performance.md recommends: RSGI, 2 worker processes (HTTP parsing in
+# Rust). In each process POST /jobs waits on an event loop and the enqueues that arrive
+# together share a transaction (group commit); every other route runs the WSGI gateway on a
+# pool of threads (sftq_server/gateway_rsgi.py). Paths are the contract's: /functions/v1/<name>.
 # The same image runs the two other functions with a command of their own (infra/deploy.sh
 # passes it to Cloud Run): webhook-deliver under granian (webhook_deliver:create_app), and the
 # live stream under uvicorn, ASGI (jobs_stream:asgi_app). cryptography seals and opens the
@@ -34,9 +34,8 @@ RUN python -m compileall -q functions/
 
 USER sftq
 EXPOSE 8080
-# One process per core, eight threads each: one request's database round trip overlaps
-# another's Python work, and the enqueues a process holds in flight are written together. create_app() reads the settings from the environment and refuses
-# to start with a tick secret shorter than 32 characters.
-CMD ["granian", "--interface", "wsgi", "--host", "0.0.0.0", "--port", "8080", \
-     "--workers", "2", "--blocking-threads", "8", "--no-ws", \
-     "--factory", "sftq_server.gateway:create_app"]
+# One process per core. create_app() reads the settings from the environment and refuses to
+# start with a tick secret shorter than 32 characters.
+CMD ["granian", "--interface", "rsgi", "--host", "0.0.0.0", "--port", "8080", \
+     "--workers", "2", "--no-ws", \
+     "--factory", "sftq_server.gateway_rsgi:create_app"]

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from . import db as dbmod
 from .api_retry import retry_job
 from .errors import BadRequest, NotFound, SftqError, Unauthorized, Unavailable, UnsupportedMediaType
-from .group_commit import GroupCommit
+from .group_commit import Answer, GroupCommit, Params
 from .models import (
     DEFAULT_PAGE_SIZE,
     KINDS,
@@ -208,6 +208,30 @@ def _submit_error(exc: ValidationError) -> SftqError:
     return BadRequest("; ".join(d["message"] for d in details), detail=details)
 
 
+def submit_headers(request: Request) -> tuple[bytes, str | None]:
+    """POST /jobs before its body is read: the key's hash and the Idempotency-Key."""
+    key_hash = authenticate(request)
+    check_json_content_type(request)
+    return key_hash, idempotency_key(request)
+
+
+def submit_params(key_hash: bytes, idem: str | None, body: bytes) -> Params:
+    """POST /jobs: what the group commit takes, from the checked headers and the body."""
+    req, payload = parse_submit(body)
+    return (key_hash, req.kind, payload, req.display_name, req.gpu_count, idem,
+            req.queue_timeout_seconds)
+
+
+def created(request: Request, answer: Answer) -> Response:
+    """POST /jobs: the 201 for the group commit's answer."""
+    body, replayed, job_id = answer
+    request.job_id = job_id
+    headers = [*JSON_HEADERS, ("Location", f"{request.script_name}/jobs/{job_id}")]
+    if replayed:
+        headers.append(("Idempotent-Replayed", "true"))
+    return Response(201, body.encode(), headers)
+
+
 def check_query(request: Request, allowed: frozenset[str]) -> dict[str, str]:
     """The query parameters, refusing unknown and repeated ones (400)."""
     query = request.query
@@ -260,20 +284,12 @@ class JobsApi:
                                         max_batch=settings.group_commit_max,
                                         linger=settings.group_commit_linger_ms / 1000)
 
-    # POST /jobs
+    # POST /jobs, in three steps that the RSGI gateway (gateway_rsgi.py) also takes, with an
+    # awaited body and group commit between them.
     def submit(self, request: Request) -> Response:
-        key_hash = authenticate(request)
-        check_json_content_type(request)
-        idem = idempotency_key(request)
-        req, payload = parse_submit(request.read_body(self.max_body))
-        body, replayed, job_id = self.group_commit.submit(
-            (key_hash, req.kind, payload, req.display_name, req.gpu_count, idem,
-             req.queue_timeout_seconds))
-        request.job_id = job_id
-        headers = [*JSON_HEADERS, ("Location", f"{request.script_name}/jobs/{job_id}")]
-        if replayed:
-            headers.append(("Idempotent-Replayed", "true"))
-        return Response(201, body.encode(), headers)
+        key_hash, idem = submit_headers(request)
+        params = submit_params(key_hash, idem, request.read_body(self.max_body))
+        return created(request, self.group_commit.submit(params))
 
     # GET /jobs
     def list_jobs(self, request: Request) -> Response:

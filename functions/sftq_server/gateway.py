@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from http import HTTPStatus
 from typing import Any
 
-from .api import ProviderFactory, make_analytics_api, make_jobs_api
+from .api import ApiApp, ProviderFactory, make_analytics_api, make_jobs_api
 from .settings import Settings
 from .stream_paths import parse_stream_path
 from .web import StartResponse, WSGIApp, simple_app, wsgi_app
@@ -73,6 +73,11 @@ class Gateway:
                     environ["PATH_INFO"] = rest
                     return app(environ, start_response)
         return self._not_found(environ, start_response)
+
+    @property
+    def jobs(self) -> ApiApp:
+        """The jobs-api function (for the RSGI gateway's own POST /jobs)."""
+        return self._jobs
 
     def _jobs_app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if (self._live_streams and environ.get("REQUEST_METHOD") in ("GET", "HEAD")

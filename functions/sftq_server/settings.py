@@ -88,6 +88,8 @@ class Settings:
     # ... and a leader that finds fewer requests waiting than its process's recent batches
     # waits this long at most for them to arrive (0: never waits).
     group_commit_linger_ms: float = 1.0
+    # The RSGI gateway (gateway_rsgi.py): threads per process for every request but POST /jobs.
+    gateway_threads: int = 8
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -116,6 +118,7 @@ class Settings:
             capacity_show_users=_bool("SFTQ_CAPACITY_SHOW_USERS", True),
             group_commit_max=_int("SFTQ_GROUP_COMMIT_MAX", 64),
             group_commit_linger_ms=_float("SFTQ_GROUP_COMMIT_LINGER_MS", 1.0),
+            gateway_threads=_int("SFTQ_GATEWAY_THREADS", 8),
         )
 
 

@@ -161,22 +161,16 @@ class Request:
         reading anything, and an undeclared length is read only up to limit + 1 bytes."""
         if self._body is not None:
             if len(self._body) > limit:
-                raise _too_large(limit)
+                raise too_large(limit)
             return self._body
-        raw_length = self.headers.get("content-length")
-        if raw_length is not None:
-            raw_length = raw_length.strip()
-            if not raw_length.isdigit() or len(raw_length) > 18:
-                raise BadRequest("Content-Length is not a valid number")
-            length = int(raw_length)
-            if length > limit:
-                raise _too_large(limit)
+        length = declared_length(self.headers, limit)
+        if length is not None:
             data = _read_exactly(self._stream, length)
         elif self._terminated and self._stream is not None:
             # Chunked or otherwise self-delimited: cap the read, not the declared size.
             data = _read_exactly(self._stream, limit + 1)
             if len(data) > limit:
-                raise _too_large(limit)
+                raise too_large(limit)
         else:
             # PEP 3333: without a length the input must not be read (it could block forever).
             data = b""
@@ -184,7 +178,21 @@ class Request:
         return data
 
 
-def _too_large(limit: int) -> PayloadTooLarge:
+def declared_length(headers: Headers, limit: int) -> int | None:
+    """The body's Content-Length, if declared; refused when malformed or over `limit`."""
+    raw: str | None = headers.get("content-length")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not raw.isdigit() or len(raw) > 18:
+        raise BadRequest("Content-Length is not a valid number")
+    length = int(raw)
+    if length > limit:
+        raise too_large(limit)
+    return length
+
+
+def too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"request body is larger than {limit} bytes")
 
 
@@ -356,26 +364,34 @@ class App:
                     f"{request.method} is not allowed here; allowed: {route.allow}",
                     headers={"Allow": route.allow})
             response = fn(request, *params)
-        except SftqError as exc:
+        except Exception as exc:
+            response = self.failed(request, template, exc)
+        self.log_access(request, template, response.status, started)
+        return response
+
+    def failed(self, request: Request, template: str, exc: Exception) -> Response:
+        """The answer to a handler's exception; logged when the fault is ours."""
+        if isinstance(exc, SftqError):
             if exc.status >= 500 and exc.code == "internal":
                 logger.error("%s %s %s failed: %s", self.name, request.method, template,
                              exc.message, exc_info=exc)
-            response = error_response(exc)
-        except Exception as exc:
+        else:
             # Type and traceback only: the request body and headers stay out of the log.
-            logger.exception("%s %s %s failed", self.name, request.method, template)
-            response = error_response(exc)
+            logger.error("%s %s %s failed", self.name, request.method, template, exc_info=exc)
+        return error_response(exc)
+
+    def log_access(self, request: Request, template: str, status: int, started: float) -> None:
+        """The request's one line on sftq.access (`started` from time.perf_counter())."""
         if access_log.isEnabledFor(logging.INFO):
             access_log.info(json.dumps({
                 "fn": self.name,
                 "method": request.method,
                 "route": template,
-                "status": response.status,
+                "status": status,
                 "duration_ms": round((time.perf_counter() - started) * 1000, 3),
                 "user": request.user,
                 "job_id": request.job_id,
             }))
-        return response
 
 
 def wsgi_app(handler: Handler) -> WSGIApp:

@@ -61,16 +61,15 @@ def option(argv: list[str], name: str) -> str:
 def test_the_image_runs_the_recommended_server() -> None:
     argv = cmd()
     assert argv[0] == "granian"
-    assert option(argv, "--interface") == "wsgi"
-    assert argv[-1] == "sftq_server.gateway:create_app" and "--factory" in argv
+    assert option(argv, "--interface") == "rsgi"
+    assert argv[-1] == "sftq_server.gateway_rsgi:create_app" and "--factory" in argv
     assert option(argv, "--host") == "0.0.0.0"
-    # docs/performance.md names the recommended layout ("granian --interface wsgi --workers N
-    # --blocking-threads M ..."): the image runs exactly that.
+    # docs/performance.md names the recommended layout ("granian --interface rsgi --workers N
+    # ..."): the image runs exactly that.
     doc = (ROOT / "docs" / "performance.md").read_text()
-    recommended = re.search(r"`granian --interface wsgi --workers (\d+) --blocking-threads (\d+)",
-                            doc)
+    recommended = re.search(r"`granian --interface (\w+) --workers (\d+)", doc)
     assert recommended is not None, "docs/performance.md no longer names its recommendation"
-    assert (option(argv, "--workers"), option(argv, "--blocking-threads")) == recommended.groups()
+    assert (option(argv, "--interface"), option(argv, "--workers")) == recommended.groups()
     port = option(argv, "--port")
     assert ("EXPOSE", port) in instructions()
 
@@ -166,6 +165,78 @@ def test_the_command_serves_the_three_functions(served: str) -> None:
     denied = httpx.post(f"{served}/functions/v1/scheduler-tick", timeout=10,
                         headers={"Authorization": "Bearer wrong"})
     assert denied.status_code == 401 and denied.json()["code"] == "unauthorized"
+
+
+def test_the_command_serves_post_jobs_and_bridges_the_rest(served: str, db_url: str) -> None:
+    """The image's server answers POST /jobs on its event loop and every other route through
+    the WSGI gateway: the same answers as the WSGI app gives (tests/functions)."""
+    import psycopg
+
+    uid, key, _ = user_key_and_job(db_url)
+    auth = {"Authorization": f"Bearer {key}"}
+    base = f"{served}/functions/v1/jobs-api"
+    body = {"kind": "SFT", "gpu_count": 2, "fireworks_payload": {"dataset": "d"}}
+    with httpx.Client(timeout=10) as client:
+        first = client.post(f"{base}/jobs", json=body, headers={**auth, "Idempotency-Key": "k-1"})
+        assert first.status_code == 201, first.text
+        job = first.json()
+        assert first.headers["location"] == f"/functions/v1/jobs-api/jobs/{job['id']}"
+        assert first.headers.get_list("content-length") == [str(len(first.content))]
+        again = client.post(f"{base}/jobs", json=body, headers={**auth, "Idempotency-Key": "k-1"})
+        assert again.status_code == 201 and again.json()["id"] == job["id"]
+        assert again.headers["idempotent-replayed"] == "true"
+        reused = client.post(f"{base}/jobs", json={**body, "gpu_count": 3},
+                             headers={**auth, "Idempotency-Key": "k-1"})
+        assert reused.status_code == 409 and reused.json()["code"] == "idempotency_conflict"
+        # A body sent in chunks (no Content-Length) is read too.
+        chunked = client.post(f"{base}/jobs", headers={**auth, "Content-Type": "application/json"},
+                              content=iter([b'{"kind": "DPO", ', b'"fireworks_payload": {}}']))
+        assert chunked.status_code == 201 and chunked.json()["kind"] == "DPO"
+
+        # The caller's mistakes, as the WSGI gateway answers them.
+        def error(resp: httpx.Response, status: int, code: str) -> None:
+            assert (resp.status_code, resp.json()["code"]) == (status, code), resp.text
+
+        error(client.post(f"{base}/jobs", json=body), 401, "unauthorized")
+        assert client.post(f"{base}/jobs", json=body).headers["www-authenticate"] == "Bearer"
+        error(client.post(f"{base}/jobs", content=b"{}", headers=auth), 415,
+              "unsupported_media_type")
+        error(client.post(f"{base}/jobs", json={"kind": "XYZ", "fireworks_payload": {}},
+                          headers=auth), 400, "validation_error")
+        big = b'{"kind": "SFT", "fireworks_payload": {"x": "' + b"x" * 1_100_000 + b'"}}'
+        error(client.post(f"{base}/jobs", content=big,
+                          headers={**auth, "Content-Type": "application/json"}), 413,
+              "payload_too_large")
+        error(client.post(f"{base}/jobs", content=iter([big[:600_000], big[600_000:]]),
+                          headers={**auth, "Content-Type": "application/json"}), 413,
+              "payload_too_large")
+        error(client.put(f"{base}/jobs", json=body, headers=auth), 405, "method_not_allowed")
+
+        # Enqueues that arrive together: each its own answer and its own place in the order.
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda i: client.post(
+                f"{base}/jobs", headers={**auth, "Idempotency-Key": f"burst-{i}"},
+                json={**body, "display_name": f"burst-{i}"}), range(48)))
+        assert [a.status_code for a in answers] == [201] * 48
+        assert len({a.json()["id"] for a in answers}) == 48
+
+        # A list longer than one page of the database is streamed by the bridge, whole.
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb, NULL, 1) "
+                         "FROM generate_series(1, 2100)", (uid,))
+        with client.stream("GET", f"{base}/jobs", headers=auth) as listing:
+            assert listing.status_code == 200
+            assert "content-length" not in listing.headers  # sent page by page
+            jobs = json.loads(listing.read())
+        # user_key_and_job's job, the first, the chunked one, the burst and the 2,100.
+        assert len(jobs) == 1 + 1 + 1 + 48 + 2100
+        assert len({j["id"] for j in jobs}) == len(jobs)
+        got = client.get(f"{base}/jobs/{job['id']}", headers=auth)
+        assert got.status_code == 200 and got.json()["display_name"] is None
+        page = client.get(f"{base}/jobs", params={"limit": 2, "state": "QUEUED"}, headers=auth)
+        assert page.headers["link"].startswith("</functions/v1/jobs-api/jobs?limit=2&state=QUEUED")
 
 
 def test_the_command_writes_the_access_log(granian_cmd: list[str], db_url: str,
