@@ -7,6 +7,7 @@ fresh clone of the migrated database (so no run inherits another's table size or
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -37,6 +38,9 @@ BODY = json.dumps({"kind": "SFT", "display_name": "bench-job", "gpu_count": 4,
 PAYLOAD_TEXT = json.dumps(FIREWORKS_PAYLOAD, separators=(",", ":"))
 
 HTTP_SPECS = [
+    # What the image runs (Dockerfile): granian RSGI, the whole gateway; POST /jobs waits on
+    # an event loop per process, the other routes run on 8 threads (sftq_server.gateway_rsgi).
+    ServerSpec("granian rsgi x2 (the image)", "image", workers=2, threads=8),
     # The classic: one request per process at a time, no keep-alive.
     ServerSpec("gunicorn sync x3", "gunicorn", workers=3),
     # Threads in a process: keep-alive, and a DB round trip overlaps another request's work.
@@ -48,14 +52,12 @@ HTTP_SPECS = [
     ServerSpec("granian wsgi 2x4", "granian", workers=2, threads=4),
     # More threads than cores: requests that arrive together in one process share a
     # transaction (group commit), so a process that holds more of them in flight batches more.
+    # The image's layout before it moved to RSGI.
     ServerSpec("granian wsgi 2x8", "granian", workers=2, threads=8),
     ServerSpec("granian wsgi 1x16", "granian", workers=1, threads=16),
 ]
-# A design under study, not a deployment: POST /jobs on an event loop per worker (RSGI),
-# the group commit as asyncio tasks (bench/rsgi_jobs.py).
-RSGI_STUDY = ServerSpec("granian rsgi 2x1, event-loop study", "granian-rsgi", workers=2)
 # The setup the goals are judged on: the first one installed (see docs/performance.md).
-RECOMMENDED_ORDER = ("granian wsgi 2x8", "granian wsgi 2x2", "gunicorn gthread 2x4")
+RECOMMENDED_ORDER = ("granian rsgi x2 (the image)", "granian wsgi 2x8", "gunicorn gthread 2x4")
 FF_SPECS = [
     # functions-framework as shipped: its own gunicorn, 1 worker x (4 x CPUs) threads.
     ServerSpec("functions-framework 1x8 (default)", "ff", workers=1, threads=8),
@@ -597,15 +599,8 @@ def run(b: Bench) -> None:
             b.add(SECTION, f"HTTP {spec.name}", res["rps"], "req/s",
                   note=f"p50 {res['p50']:.1f} / p99 {res['p99']:.1f} ms; "
                        f"{res['rps'] / bare['rps']:.2f}x bare; {_cpu_note(res)}")
-        if servers.available(RSGI_STUDY.kind):
-            res = quiet_runs.run(functools.partial(run_http, b, RSGI_STUDY, n))
-            http[RSGI_STUDY.name] = res
-            b.add(SECTION, f"HTTP {RSGI_STUDY.name}", res["rps"], "req/s",
-                  note=f"p50 {res['p50']:.1f} / p99 {res['p99']:.1f} ms; {_cpu_note(res)}; "
-                       "bench/rsgi_jobs.py, not a deployment")
         if rec:
-            quiet = ServerSpec(rec.name, rec.kind, rec.workers, rec.threads, rec.worker_class,
-                               access_log=False)
+            quiet = dataclasses.replace(rec, access_log=False)
             res = quiet_runs.run(functools.partial(run_http, b, quiet, n, tag=" (no access log)"))
             http[res["name"]] = res
             b.add(SECTION, f"HTTP {res['name']}", res["rps"], "req/s",
@@ -655,16 +650,6 @@ def run(b: Bench) -> None:
                   note="rounds " + ", ".join(f"{x:.2f}" for x in by_cpu) + "; per job HTTP "
                        + ", ".join(f"{_cpu_per_job(h):.2f}" for h, _ in pairs) + " / pgqueuer "
                        + ", ".join(f"{_cpu_per_job(p):.2f}" for _, p in pairs) + " ms")
-        study = http.get(RSGI_STUDY.name)
-        if pgq and study:
-            pairs = paired_rounds(quiet_runs, functools.partial(run_http, b, RSGI_STUDY, n),
-                                  lambda: run_pgqueuer(b, n), rounds=2)
-            results["paired_pgqueuer_rsgi_study"] = pairs
-            by_rate, by_cpu = _paired_ratios(pairs)
-            b.add(SECTION, "  the event-loop study / pgqueuer, paired",
-                  statistics.median(by_rate), "x",
-                  note="rounds " + ", ".join(f"{x:.2f}" for x in by_rate) + "; by CPU per job "
-                       + ", ".join(f"{x:.2f}" for x in by_cpu) + "; not a deployment")
         if proc:
             b.add(SECTION, f"ratio HTTP ({rec.name}) / procrastinate",
                   rec_res["rps"] / proc["rps"], "x")

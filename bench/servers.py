@@ -27,7 +27,9 @@ class ServerSpec:
     """One way of serving the jobs-api."""
 
     name: str
-    kind: str  # gunicorn | granian | granian-rsgi (bench/rsgi_jobs.py) | ff
+    # gunicorn | granian (WSGI, bench/wsgi_jobs.py) | ff | image: the Dockerfile's command,
+    # granian RSGI serving the whole gateway (sftq_server.gateway_rsgi) at the contract's paths
+    kind: str
     workers: int = 1
     threads: int = 1
     worker_class: str = "sync"
@@ -36,8 +38,12 @@ class ServerSpec:
     profile_out: str | None = None
 
     @property
+    def prefix(self) -> str:
+        return "/functions/v1/jobs-api" if self.kind == "image" else ""
+
+    @property
     def path(self) -> str:
-        return "/jobs"
+        return self.prefix + "/jobs"
 
 
 @dataclass
@@ -81,7 +87,7 @@ def _tool(name: str) -> str:
 
 def available(kind: str) -> bool:
     try:
-        _tool({"gunicorn": "gunicorn", "granian": "granian", "granian-rsgi": "granian",
+        _tool({"gunicorn": "gunicorn", "granian": "granian", "image": "granian",
                "ff": "functions-framework"}[kind])
     except FileNotFoundError:
         return False
@@ -113,11 +119,14 @@ def start(spec: ServerSpec, database_url: str, log_dir: Path) -> Server:
                "--port", str(port), "--workers", str(spec.workers),
                "--blocking-threads", str(spec.threads), "--log-level", "warning",
                "--no-ws", "--working-dir", str(BENCH), "wsgi_jobs:app"]
-    elif spec.kind == "granian-rsgi":
-        # The design under study (bench/rsgi_jobs.py): one event loop per worker, no threads.
+    elif spec.kind == "image":
+        # What the image runs (Dockerfile CMD), with its defaults (pool, threads), its own
+        # logging set-up and a tick secret, which it checks at start.
+        del env["SFTQ_DB_POOL_MAX"]
+        env["SFTQ_TICK_SECRET"] = "bench-tick-secret-0123456789abcdef-0123"
         cmd = [_tool("granian"), "--interface", "rsgi", "--host", "127.0.0.1",
                "--port", str(port), "--workers", str(spec.workers), "--log-level", "warning",
-               "--no-ws", "--working-dir", str(BENCH), "rsgi_jobs:app"]
+               "--no-ws", "--factory", "sftq_server.gateway_rsgi:create_app"]
     elif spec.kind == "ff":
         # functions-framework runs gunicorn itself: WORKERS processes of THREADS threads
         # (its defaults: 1 worker, 4 threads per CPU).
@@ -150,7 +159,7 @@ def _wait_ready(server: Server, timeout: float = 30.0) -> None:
             break
         try:
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
-            conn.request("GET", "/health")
+            conn.request("GET", server.spec.prefix + "/health")
             resp = conn.getresponse()
             resp.read()
             conn.close()
