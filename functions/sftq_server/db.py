@@ -248,10 +248,7 @@ class Database:
             with self._get_pool().connection() as conn:
                 yield conn
         except PoolTimeout as exc:
-            raise Unavailable(
-                "the database is not reachable right now; retry shortly",
-                headers={"Retry-After": "5"},
-            ) from exc
+            raise unreachable() from exc
         except psycopg.Error as exc:
             raise translate(exc) from exc
 
@@ -273,15 +270,18 @@ class Database:
             self._pool = None
 
 
+def unreachable() -> Unavailable:
+    return Unavailable("the database is not reachable right now; retry shortly",
+                       headers={"Retry-After": "5"})
+
+
 def translate(exc: psycopg.Error) -> SftqError:
     """A psycopg error as a typed error: a procedure's coded error, or Unavailable."""
     typed = from_db_error(exc)
     if typed is not None:
         return typed
     if isinstance(exc, psycopg.OperationalError):
-        return Unavailable(
-            "the database is not reachable right now; retry shortly", headers={"Retry-After": "5"}
-        )
+        return unreachable()
     return SftqError("internal database error")
 
 

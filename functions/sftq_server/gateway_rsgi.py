@@ -6,8 +6,8 @@ Why: POST /jobs is the hot path, and its requests are written in batches (group 
 WSGI each request held a blocking thread, and the requests of a batch handed the interpreter
 lock and the batch to each other: about ten thread switches per request, a third of the
 server's CPU (docs/performance.md). Here POST /jobs waits as a coroutine on the process's
-event loop, and one thread of its own runs the batches (group_commit.AsyncGroupCommit) with
-the same statement, pool, retries and answers as under WSGI.
+event loop, and the batches go out from that same thread over a connection of their own
+(group_commit.AsyncGroupCommit), with the same statement, retries and answers as under WSGI.
 
 Every other request goes to the WSGI gateway (gateway.py) on a pool of threads, as a WSGI
 server would run it: the same routes, checks, errors and access log. Its body is read only
@@ -225,21 +225,23 @@ class RsgiGateway:
         self._max_body = self._jobs.api.max_body
         self._threads = max(1, threads)
         self._executor: ThreadPoolExecutor | None = None
-        self._batches: ThreadPoolExecutor | None = None
         self._bridge: WsgiBridge | None = None
-        self._group_commit: AsyncGroupCommit | None = None
+        settings = gateway.settings
+        self.group_commit = AsyncGroupCommit(
+            settings.database_url, default_queue_timeout=settings.queue_timeout_seconds,
+            max_batch=settings.group_commit_max, linger=settings.group_commit_linger_ms / 1000,
+            timeout=settings.db_timeout_seconds)
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._executor = ThreadPoolExecutor(self._threads, thread_name_prefix="sftq-wsgi")
-        # The batches get a thread of their own: slow requests on the pool never delay them.
-        self._batches = ThreadPoolExecutor(1, thread_name_prefix="sftq-group-commit")
         self._bridge = WsgiBridge(self.gateway, self._executor)
-        self._group_commit = AsyncGroupCommit(self._jobs.api.group_commit, self._batches)
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
-        for executor in (self._batches, self._executor):
-            if executor is not None:
-                executor.shutdown(wait=True, cancel_futures=True)
+        # granian calls this once its loop has stopped serving.
+        if not loop.is_closed() and not loop.is_running():
+            loop.run_until_complete(self.group_commit.close())
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
         self.gateway.close()
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
@@ -259,11 +261,10 @@ class RsgiGateway:
         request = Request("POST", "/jobs", query_string=scope.query_string,
                           headers=Headers(header_dict(scope)),
                           remote_addr=scope.client.rpartition(":")[0], script_name=JOBS_PREFIX)
-        assert self._group_commit is not None
         try:
             key_hash, idem = submit_headers(request)
             body = await read_body(proto, request.headers, self._max_body)
-            answer = await self._group_commit.submit(submit_params(key_hash, idem, body))
+            answer = await self.group_commit.submit(submit_params(key_hash, idem, body))
             response = created(request, answer)
         except Exception as exc:
             response = self._jobs.failed(request, "/jobs", exc)

@@ -21,10 +21,8 @@ commit_delay does when it has commit_siblings. A lone request, with only lone re
 before it, is sent at once: nothing waits for company that has not been seen.
 
 On an event loop (AsyncGroupCommit, used by the RSGI gateway) the requests wait as futures in
-one thread, and a batch is whatever arrived while the previous one was in the database: the
-loop hands over every request that is ready before the flush runs, so no linger is needed.
-The batch itself runs in a thread of its own through the same code (GroupCommit.run), with
-the same pool, retries and error mapping.
+one thread, and a batch is whatever arrived while the previous one was in the database; it is
+sent over the loop's own connection, with the same statement, retries and answers.
 """
 
 from __future__ import annotations
@@ -36,8 +34,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Executor
 from typing import Any
+
+import psycopg
 
 from . import db as dbmod
 from . import pg_arrays
@@ -196,44 +195,67 @@ class GroupCommit:
         self.requests += len(batch)
         try:
             rows = self._call([r.params for r in batch])
-        except Unavailable as exc:
-            for r in batch:
-                r.error = exc
-            return
         except Exception as exc:
-            if len(batch) == 1:
-                batch[0].error = exc
-                return
-            # Not a request's own mistake (those come back as rows): a surprise in the batch
-            # must not fail its neighbours, so each is tried alone.
-            logger.warning("a batch of %d enqueues failed (%s); trying each alone",
-                           len(batch), type(exc).__name__)
-            for r in batch:
-                self._run([r])
+            if retry_alone(batch, exc):
+                for r in batch:
+                    self._run([r])
             return
-        for r, row in zip(batch, rows, strict=True):
-            r.answer, r.error = answer_of(row)
+        settle(batch, rows)
 
     def _call(self, items: Sequence[Params]) -> list[tuple[Any, ...]]:
-        rows = self._db.fetchall(dbmod.API_SUBMIT_MANY,
+        return self._db.fetchall(dbmod.API_SUBMIT_MANY,
                                  (*batch_arrays(items), self._default_timeout))
-        if len(rows) != len(items):
-            raise SftqError(f"api_submit_many answered {len(rows)} rows for {len(items)}")
-        return rows
+
+
+def retry_alone(batch: Sequence[Slot], exc: Exception) -> bool:
+    """A batch's call failed: answer True when each request should be tried alone, else give
+    them all the error. The database being unreachable is everyone's error, and a lone
+    request's error is its own; any other surprise in a batch must not fail its neighbours
+    (a request's own mistakes come back as rows, not as errors)."""
+    if isinstance(exc, Unavailable) or len(batch) == 1:
+        for r in batch:
+            r.error = exc
+        return False
+    logger.warning("a batch of %d enqueues failed (%s); trying each alone",
+                   len(batch), type(exc).__name__)
+    return True
+
+
+def settle(batch: Sequence[Slot], rows: list[tuple[Any, ...]]) -> None:
+    """Give each request its row of sftq.api_submit_many: its answer or its own error."""
+    if len(rows) != len(batch):
+        error = SftqError(f"api_submit_many answered {len(rows)} rows for {len(batch)}")
+        for r in batch:
+            r.error = error
+        return
+    for r, row in zip(batch, rows, strict=True):
+        r.answer, r.error = answer_of(row)
 
 
 class AsyncGroupCommit:
-    """The group commit for requests served on an event loop (one per process).
+    """The group commit on an event loop (the RSGI gateway), over one connection of its own.
 
-    Requests wait as futures; one batch at a time runs in `executor` (give it a thread of its
-    own, so that slow requests elsewhere never hold the enqueues up) through `runner.run`, and
-    the requests that arrived meanwhile form the next batch, at most `runner`'s max batch."""
+    Requests wait as futures in the loop's thread. One batch at a time is in the database; the
+    requests that arrive meanwhile form the next, at most `max_batch`. No thread takes part,
+    so nothing waits for the interpreter lock between a batch's answer and its requests. The
+    connection is opened on the first request and again after it breaks; a database that
+    cannot be reached within `timeout` is a 503 for the batch, as in the threaded pool."""
 
-    def __init__(self, runner: GroupCommit, executor: Executor) -> None:
-        self._runner = runner
-        self._executor = executor
+    def __init__(self, url: str, *, default_queue_timeout: int | None = None,
+                 max_batch: int = 64, linger: float = 0.001, timeout: float = 5.0) -> None:
+        self._url = url
+        self._default_timeout = default_queue_timeout
+        self.max_batch = max(1, max_batch)
+        self._linger = max(0.0, linger)
+        self._timeout = timeout
+        self._conn: psycopg.AsyncConnection[Any] | None = None
         self._waiting: deque[tuple[Slot, asyncio.Future[Slot]]] = deque()
         self._flush_task: asyncio.Task[None] | None = None
+        self._recent: deque[int] = deque([1], maxlen=GroupCommit.RECENT)
+        self._company: asyncio.Future[None] | None = None  # set once the expected are here
+        self._expecting = 0
+        self.batches = 0
+        self.requests = 0
 
     async def submit(self, params: Params) -> Answer:
         """Enqueue one request; raises its SftqError (401, 400, 409, 503) like a lone call."""
@@ -243,6 +265,8 @@ class AsyncGroupCommit:
         if self._flush_task is None:
             # Kept in an attribute: the loop holds tasks weakly.
             self._flush_task = loop.create_task(self._flush())
+        elif self._company is not None and len(self._waiting) >= self._expecting:
+            _done(self._company)
         slot = await answered
         if slot.error is not None:
             raise slot.error
@@ -250,22 +274,23 @@ class AsyncGroupCommit:
         return slot.answer
 
     async def _flush(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
             while self._waiting:
-                n = min(len(self._waiting), self._runner.max_batch)
+                await self._linger_for_company()
+                n = min(len(self._waiting), self.max_batch)
                 batch = [self._waiting.popleft() for _ in range(n)]
+                self._recent.append(n)
                 slots = [slot for slot, _ in batch]
                 try:
-                    await loop.run_in_executor(self._executor, self._runner.run, slots)
+                    await self._run(slots)
                 except asyncio.CancelledError:  # the loop is closing: so are the requests
                     for _, answered in batch:
                         answered.cancel()
                     raise
-                except RuntimeError as exc:  # the executor is shut down: the batch never ran
-                    logger.warning("an enqueue batch could not run: %s", exc)
+                finally:
                     for slot in slots:
-                        slot.error = Unavailable("the server is shutting down; retry shortly")
+                        if slot.answer is None and slot.error is None:
+                            slot.error = SftqError("the enqueue was interrupted")
                 for slot, answered in batch:
                     if not answered.done():  # a request whose client went away is cancelled
                         answered.set_result(slot)
@@ -273,3 +298,65 @@ class AsyncGroupCommit:
             self._flush_task = None
             while self._waiting:  # only when cancelled
                 self._waiting.popleft()[1].cancel()
+
+    async def _linger_for_company(self) -> None:
+        """GroupCommit's rule: wait (at most `linger`) until as many requests are waiting as
+        the largest recent batch. The requests of a moment reach the loop one by one (granian
+        hands each over from its own threads), so without it a batch often left a few behind
+        that came a fraction of a millisecond later, each costing the next one transaction."""
+        expected = min(max(self._recent), self.max_batch)
+        if self._linger <= 0 or len(self._waiting) >= expected:
+            return
+        loop = asyncio.get_running_loop()
+        self._company = company = loop.create_future()
+        self._expecting = expected
+        timer = loop.call_later(self._linger, _done, company)
+        try:
+            await company
+        finally:
+            timer.cancel()
+            self._company = None
+            self._expecting = 0
+
+    async def _run(self, batch: list[Slot]) -> None:
+        self.batches += 1
+        self.requests += len(batch)
+        try:
+            rows = await self._call([r.params for r in batch])
+        except Exception as exc:
+            if retry_alone(batch, exc):
+                for r in batch:
+                    await self._run([r])
+            return
+        settle(batch, rows)
+
+    async def _call(self, items: Sequence[Params]) -> list[tuple[Any, ...]]:
+        try:
+            conn = await self._connection()
+            cur = await conn.execute(dbmod.API_SUBMIT_MANY,
+                                     (*batch_arrays(items), self._default_timeout))
+            return await cur.fetchall()
+        except (OSError, TimeoutError) as exc:
+            await self.close()
+            raise dbmod.unreachable() from exc
+        except psycopg.Error as exc:
+            if self._conn is not None and self._conn.broken:
+                await self.close()
+            raise dbmod.translate(exc) from exc
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            kwargs = dbmod.connect_kwargs() | {"connect_timeout": max(1, int(self._timeout))}
+            self._conn = await asyncio.wait_for(
+                psycopg.AsyncConnection.connect(self._url, **kwargs), self._timeout)
+        return self._conn
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+
+def _done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

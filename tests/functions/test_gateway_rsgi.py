@@ -6,6 +6,7 @@ own answer. tests/infra/test_container.py runs the same app under the real grani
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -19,7 +20,7 @@ from werkzeug.test import Client
 from sftq_server.errors import BadRequest, SftqError, Unavailable
 from sftq_server.gateway import JOBS_PREFIX, make_gateway
 from sftq_server.gateway_rsgi import RsgiGateway, WsgiBridge
-from sftq_server.group_commit import AsyncGroupCommit, GroupCommit, Params, Slot
+from sftq_server.group_commit import AsyncGroupCommit, Params
 from sftq_server.settings import Settings
 
 # ---- a stand-in for granian's RSGI scope and protocol ------------------------------------
@@ -242,7 +243,7 @@ def test_enqueues_that_arrive_together_keep_their_own_answers(rsgi: RsgiGateway,
         return await asyncio.gather(*calls)
 
     answers = asyncio.run(burst())
-    gc = rsgi.gateway.jobs.api.group_commit
+    gc = rsgi.group_commit
     assert gc.requests == 40 and gc.batches < 40  # they did share transactions
     by_key: dict[tuple[int, int], list[Proto]] = {}
     for i, a in enumerate(answers):
@@ -374,25 +375,25 @@ def p(name: str) -> Params:
     return (b"k" * 32, "SFT", "{}", name, 1, None, None)
 
 
-class Runner(GroupCommit):
-    """Answers without a database; records the batches; a name starting with 'bad' is that
-    request's own error; `gate` holds a batch until set."""
+class Fake(AsyncGroupCommit):
+    """Answers without a database, as sftq.api_submit_many's rows do; records the batches. A
+    name starting with 'bad' is that request's own error; `gate` holds a batch until set;
+    `fail` is raised by any batch of more than one request."""
 
     def __init__(self, max_batch: int = 64) -> None:
-        super().__init__(None, max_batch=max_batch)  # type: ignore[arg-type]
+        super().__init__("postgresql://unused.invalid/none", max_batch=max_batch)
         self.sizes: list[int] = []
-        self.gate = threading.Event()
+        self.gate = asyncio.Event()
         self.gate.set()
+        self.fail: Exception | None = None
 
-    def run(self, batch: Any) -> None:
-        self.sizes.append(len(batch))
-        assert self.gate.wait(10)
-        for slot in batch:
-            name = slot.params[3]
-            if name.startswith("bad"):
-                slot.error = BadRequest(f"{name} is bad")
-            else:
-                slot.answer = ("{}", False, name)
+    async def _call(self, items: Any) -> list[tuple[Any, ...]]:
+        self.sizes.append(len(items))
+        await self.gate.wait()
+        if self.fail is not None and len(items) > 1:
+            raise self.fail
+        return [(i, "{}", False, name, "SQ400" if name.startswith("bad") else None,
+                 f"{name} is bad", None) for i, (_, _, _, name, *_) in enumerate(items)]
 
 
 async def submit_all(gc: AsyncGroupCommit, names: list[str]) -> list[Any]:
@@ -400,71 +401,123 @@ async def submit_all(gc: AsyncGroupCommit, names: list[str]) -> list[Any]:
 
 
 def test_requests_of_one_moment_share_a_batch_and_keep_their_answers() -> None:
-    runner = Runner()
-    with ThreadPoolExecutor(1) as pool:
-        gc = AsyncGroupCommit(runner, pool)
-        out = asyncio.run(submit_all(gc, ["a", "bad-b", "c"]))
-    assert runner.sizes == [3]
+    gc = Fake()
+    out = asyncio.run(submit_all(gc, ["a", "bad-b", "c"]))
+    assert gc.sizes == [3] and (gc.batches, gc.requests) == (1, 3)
     assert out[0] == ("{}", False, "a") and out[2] == ("{}", False, "c")
     assert isinstance(out[1], BadRequest) and out[1].message == "bad-b is bad"
 
 
 def test_arrivals_during_a_batch_form_the_next_one_bounded_by_max_batch() -> None:
-    runner = Runner(max_batch=4)
-    runner.gate.clear()
+    gc = Fake(max_batch=4)
 
     async def scenario() -> list[Any]:
+        gc.gate.clear()
         first = asyncio.ensure_future(gc.submit(p("first")))
-        while not runner.sizes:  # the first batch is in the database
+        while not gc.sizes:  # the first batch is in the database
             await asyncio.sleep(0.001)
         rest = asyncio.ensure_future(submit_all(gc, [f"r{i}" for i in range(10)]))
         await asyncio.sleep(0.05)
-        runner.gate.set()
+        gc.gate.set()
         return [await first, *await rest]
 
-    with ThreadPoolExecutor(1) as pool:
-        gc = AsyncGroupCommit(runner, pool)
-        out = asyncio.run(scenario())
-    assert runner.sizes == [1, 4, 4, 2]
+    out = asyncio.run(scenario())
+    assert gc.sizes == [1, 4, 4, 2]
     assert [o[2] for o in out] == ["first", *[f"r{i}" for i in range(10)]]
 
 
+def test_a_batch_waits_for_the_company_of_recent_batches_at_most_linger() -> None:
+    import time
+
+    gc = Fake()
+    gc._linger = 5.0
+    t0 = time.monotonic()
+    asyncio.run(submit_all(gc, ["alone"]))  # only lone requests before it: sent at once
+    assert gc.sizes == [1] and time.monotonic() - t0 < 1
+    asyncio.run(submit_all(gc, ["a", "b", "c"]))
+
+    async def scenario() -> None:
+        first = asyncio.ensure_future(gc.submit(p("x")))
+        await asyncio.sleep(0.05)
+        assert gc.sizes == [1, 3]  # it waits for the company the last batches had
+        await submit_all(gc, ["y", "z"])
+        await first
+
+    asyncio.run(scenario())
+    assert gc.sizes == [1, 3, 3]
+    gc._linger = 0.05  # but never longer than the linger
+    t0 = time.monotonic()
+    asyncio.run(submit_all(gc, ["late"]))
+    assert gc.sizes == [1, 3, 3, 1] and 0.04 < time.monotonic() - t0 < 1
+
+
+def test_a_batch_that_fails_is_retried_request_by_request() -> None:
+    gc = Fake()
+    gc.fail = SftqError("a surprise")
+    out = asyncio.run(submit_all(gc, ["a", "bad-b", "c"]))
+    assert gc.sizes == [3, 1, 1, 1]
+    assert out[0][2] == "a" and out[2][2] == "c" and isinstance(out[1], BadRequest)
+    # The database out of reach is everyone's answer at once: no retries.
+    gc = Fake()
+    gc.fail = Unavailable("down")
+    out = asyncio.run(submit_all(gc, ["a", "b"]))
+    assert gc.sizes == [2] and all(isinstance(o, Unavailable) for o in out)
+
+
 def test_a_request_that_is_cancelled_leaves_the_others_answered() -> None:
-    runner = Runner()
-    runner.gate.clear()
+    gc = Fake()
 
     async def scenario() -> list[Any]:
+        gc.gate.clear()
         tasks = [asyncio.ensure_future(gc.submit(p(n))) for n in ("a", "b", "c")]
-        while not runner.sizes:
+        while not gc.sizes:
             await asyncio.sleep(0.001)
         tasks[1].cancel()  # its client went away
-        runner.gate.set()
+        gc.gate.set()
         return await asyncio.gather(*tasks, return_exceptions=True)
 
-    with ThreadPoolExecutor(1) as pool:
-        gc = AsyncGroupCommit(runner, pool)
-        out = asyncio.run(scenario())
+    out = asyncio.run(scenario())
     assert out[0][2] == "a" and out[2][2] == "c"
     assert isinstance(out[1], asyncio.CancelledError)
 
 
-def test_after_shutdown_an_enqueue_is_a_503_not_a_hang() -> None:
-    pool = ThreadPoolExecutor(1)
-    pool.shutdown()
-    gc = AsyncGroupCommit(Runner(), pool)
+def test_an_unreachable_database_is_a_503_not_a_hang() -> None:
+    # Port 1 on loopback: nothing listens, the connection is refused at once.
+    gc = AsyncGroupCommit("postgresql://sftq@127.0.0.1:1/none", timeout=2.0)
     out = asyncio.run(submit_all(gc, ["a", "b"]))
-    assert all(isinstance(o, Unavailable) and o.status == 503 for o in out)
+    assert all(isinstance(o, Unavailable) and o.status == 503 for o in out), out
+    assert out[0].headers["Retry-After"] == "5"
 
 
-def test_the_event_loop_batch_runs_the_threaded_code_path(db: Db, settings: Settings) -> None:
-    """AsyncGroupCommit runs GroupCommit.run: a surprise failure is retried request by
-    request there (test_group_commit.py), and a slot is never left without an answer."""
-    slots = [Slot(p("x"))]
+def test_a_broken_connection_is_replaced(db: Db, settings: Settings) -> None:
+    key = db.user("alice")
+    key_hash = hashlib.sha256(key.encode()).digest()
+    gc = AsyncGroupCommit(settings.database_url)
 
-    class Broken(GroupCommit):
-        def _run(self, batch: Any) -> None:
-            raise KeyboardInterrupt  # interrupted midway, before any slot got its answer
+    async def submit(name: str) -> Any:
+        try:
+            return await gc.submit((key_hash, "SFT", "{}", name, 1, None, None))
+        except SftqError as exc:
+            return exc
 
-    with pytest.raises(KeyboardInterrupt):
-        Broken(None).run(slots)  # type: ignore[arg-type]
-    assert isinstance(slots[0].error, SftqError) and slots[0].answer is None
+    def one(name: str) -> Any:
+        return asyncio.run(submit(name))
+
+    async def backend_pid() -> int:
+        conn = await gc._connection()
+        row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    try:
+        assert one("before")[2]
+        db.conn.execute("SELECT pg_terminate_backend(%s)", (asyncio.run(backend_pid()),))
+        # The batch that finds the connection gone is a 503 (it may or may not have been
+        # written: the client retries with its Idempotency-Key); the next one reconnects.
+        broken = one("during")
+        assert isinstance(broken, Unavailable), broken
+        assert one("after")[2]
+    finally:
+        asyncio.run(gc.close())
+    names = db.conn.execute("SELECT display_name FROM sftq.jobs ORDER BY created_at").fetchall()
+    assert [n[0] for n in names] == ["before", "after"]

@@ -253,7 +253,9 @@ def test_the_command_writes_the_access_log(granian_cmd: list[str], db_url: str,
     try:
         # Every worker up first: a worker that gets SIGTERM while it starts never stops.
         deadline = time.monotonic() + 30
-        while out_path.read_bytes().count(b"Started worker-") < workers:
+        # "Started worker-N" once per worker; under RSGI each also logs "Started worker-N
+        # runtime-M", which must not be taken for another worker.
+        while len(re.findall(rb"Started worker-\d+\n", out_path.read_bytes())) < workers:
             assert proc.poll() is None, out_path.read_text()
             assert time.monotonic() < deadline, out_path.read_text()
             time.sleep(0.1)
