@@ -4,6 +4,7 @@ and the result table. Every section module gets one `Bench` object."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -328,6 +329,23 @@ def steal_share(mark: tuple[float, float]) -> float:
     stolen, t0 = mark
     elapsed = time.monotonic() - t0
     return (steal_seconds() - stolen) / max(elapsed * (os.cpu_count() or 1), 1e-9)
+
+
+def speed_probe(rounds: int = 3) -> float:
+    """Milliseconds a fixed single-threaded CPU loop takes here now (the best of `rounds`).
+
+    A virtual machine's speed drifts with its neighbours by more than steal time shows (a
+    section with no steal ran 2-3x slower than the same code days before): the run takes this
+    probe around every section so a table says when the machine itself changed under it.
+    """
+    best = math.inf
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        acc = 0
+        for i in range(500_000):
+            acc += i * i % 7
+        best = min(best, time.perf_counter() - t0)
+    return best * 1000
 
 
 def background_cores(seconds: float = 2.0) -> float:

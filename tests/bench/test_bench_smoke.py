@@ -61,6 +61,9 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     assert result["failed"] == []
     ran = {row["section"] for row in result["rows"]}
     assert ran == set(SECTIONS), ran
+    # The speed probe before each section and after the last, in milliseconds.
+    assert list(result["speed_probe_ms"]) == [*SECTIONS, "end"]
+    assert all(v > 0 for v in result["speed_probe_ms"].values())
     # The table is printed, and every figure is a number.
     assert "section" in proc.stdout and "figure" in proc.stdout
     assert all(isinstance(row["value"], (int, float)) for row in result["rows"])

@@ -1,0 +1,33 @@
+"""The run says when the machine's own speed changed under it, which steal time does not show.
+
+A speed probe (a fixed CPU loop) is taken before every section and after the last; a spread of
+more than 25% between its fastest and slowest takes a note naming the slow sections.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import run as bench_run  # noqa: E402
+from common import speed_probe  # noqa: E402
+
+
+def test_a_steady_machine_takes_no_note() -> None:
+    assert bench_run.probe_note({"enqueue": 40.0, "analytics": 44.0, "end": 41.0}) is None
+    assert bench_run.probe_note({"enqueue": 40.0}) is None
+
+
+def test_a_slowed_machine_is_named_by_section() -> None:
+    note = bench_run.probe_note({"enqueue": 40.0, "analytics": 100.0, "tick": 42.0,
+                                 "end": 90.0})
+    assert note is not None
+    assert "40-100 ms (2.5x; slow before: analytics, end)" in note
+
+
+def test_the_probe_times_real_work() -> None:
+    ms = speed_probe(rounds=2)
+    assert 1.0 < ms < 5000.0
