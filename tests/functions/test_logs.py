@@ -117,3 +117,24 @@ def test_configure_leaves_a_deployment_s_own_logging_alone() -> None:
                        env={"PYTHONPATH": str(ROOT / "functions")})
     assert r.returncode == 0, r.stderr
     assert r.stderr == "own: kept\n"
+
+
+def test_configure_leaves_the_host_s_own_log_formats_working() -> None:
+    # gunicorn (under functions-framework) logs its errors as "[%(process)d] ...": after our
+    # set-up that line must still format, not end in "--- Logging error ---".
+    code = ("import logging, os, sys\n"
+            "from sftq_server import logs\n"
+            "assert logs.configure()\n"
+            "host = logging.getLogger('gunicorn.error')\n"
+            "h = logging.StreamHandler(sys.stdout)\n"
+            "h.setFormatter(logging.Formatter('[%(process)d] [%(thread)d] %(message)s'))\n"
+            "host.addHandler(h)\n"
+            "host.propagate = False\n"
+            "host.error('Worker (pid:%s) was sent %s!', 42, 'SIGKILL')\n"
+            "print(os.getpid())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={"PYTHONPATH": str(ROOT / "functions")})
+    assert r.returncode == 0, r.stderr
+    assert "Logging error" not in r.stderr, r.stderr
+    line, pid = r.stdout.splitlines()
+    assert line.startswith(f"[{pid}] [") and line.endswith("] Worker (pid:42) was sent SIGKILL!")
