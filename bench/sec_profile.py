@@ -4,8 +4,8 @@ same wrk load, each function's own time put in a bucket, divided by the requests
 cProfile measures wall time and slows Python code down (roughly 1.5-2x for code made of many
 small calls), so the buckets are read as shares; the enqueue section's CPU-per-request figures
 (from /proc, no profiler) are the absolute numbers. A sync worker is used because cProfile
-sees only the thread that started it. The load is 2 connections (wrk needs one per thread),
-so the worker is busy all the time but never shares a core with a second request.
+sees only the thread that started it. The load is 2 connections from one wrk thread, so the
+worker is busy all the time but never shares a core with a second request.
 """
 
 from __future__ import annotations

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import os
 import shutil
+import socketserver
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import loadgen  # noqa: E402
 import run as bench_run  # noqa: E402
 from common import Bench  # noqa: E402
 
@@ -72,3 +78,44 @@ def test_ci_installs_wrk() -> None:
     assert "apt-get install" in bench.split("\n\n")[0] and " wrk" in bench.split("\n\n")[0]
     if os.environ.get("CI"):
         assert shutil.which("wrk"), "wrk is not on PATH although .ci/run installs it"
+
+
+class _OneAtATime(socketserver.TCPServer):
+    """Like a gunicorn sync worker: one connection at a time, closed after its response."""
+
+    allow_reuse_address = True
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        self.connection.settimeout(30)
+        length = 0
+        for line in iter(self.rfile.readline, b""):
+            if line in (b"\r\n", b"\n"):
+                break
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        else:
+            return  # a connection closed without a request
+        self.rfile.read(length)
+        self.wfile.write(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n"
+                         b"Connection: close\r\n\r\n{}")
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
+def test_one_wrk_thread_leaves_no_silent_connection_in_a_sync_worker_s_way() -> None:
+    # The profile's set-up: 2 connections against a server that serves one connection at a
+    # time (a gunicorn sync worker). With two wrk threads, the one done first left a silent
+    # connection that the server sat on until the run's timeout, in 2 runs of 3 here.
+    with _OneAtATime(("127.0.0.1", 0), _Handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            start = time.monotonic()
+            res = loadgen.wrk_load(f"http://127.0.0.1:{server.server_address[1]}", "/jobs",
+                                   ["k1", "k2"], "{}", requests=400, connections=2, timeout_s=20)
+            took = time.monotonic() - start
+        finally:
+            server.shutdown()
+    assert res["requests"] >= 400 and res["errors"] == 0, res
+    assert took < 10, f"the run took {took:.1f} s: a worker waited on a silent connection"
