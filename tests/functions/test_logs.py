@@ -91,6 +91,12 @@ def test_a_forked_worker_writes_what_waits_when_it_ends(tmp_path: Path) -> None:
     assert path.read_text() == "from the worker\n"
 
 
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter that imports our functions package."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": str(ROOT / "functions")})
+
+
 @pytest.mark.parametrize("how", ["exit", "sys.exit(3)"])
 def test_configure_logs_info_lines_alone_and_keeps_them_at_exit(how: str) -> None:
     code = ("import logging, sys\n"
@@ -100,8 +106,7 @@ def test_configure_logs_info_lines_alone_and_keeps_them_at_exit(how: str) -> Non
             "logging.getLogger('sftq.access').info('{\"a\": 1}')\n"
             "logging.getLogger('sftq.web').debug('not this')\n"
             + ("sys.exit(3)\n" if how != "exit" else ""))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                       env={"PYTHONPATH": str(ROOT / "functions")})
+    r = _python(code)
     assert r.returncode == (3 if how != "exit" else 0), r.stderr
     assert r.stderr == '{"a": 1}\n' and r.stdout == ""
 
@@ -113,8 +118,7 @@ def test_configure_leaves_a_deployment_s_own_logging_alone() -> None:
             "assert not logs.configure()\n"
             "logging.getLogger('sftq.access').info('dropped')\n"
             "logging.getLogger('sftq.web').warning('kept')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                       env={"PYTHONPATH": str(ROOT / "functions")})
+    r = _python(code)
     assert r.returncode == 0, r.stderr
     assert r.stderr == "own: kept\n"
 
@@ -132,8 +136,7 @@ def test_configure_leaves_the_host_s_own_log_formats_working() -> None:
             "host.propagate = False\n"
             "host.error('Worker (pid:%s) was sent %s!', 42, 'SIGKILL')\n"
             "print(os.getpid())\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                       env={"PYTHONPATH": str(ROOT / "functions")})
+    r = _python(code)
     assert r.returncode == 0, r.stderr
     assert "Logging error" not in r.stderr, r.stderr
     line, pid = r.stdout.splitlines()
