@@ -101,20 +101,17 @@ def have_wrk() -> bool:
 
 
 def wrk_load(url: str, path: str, keys: list[str], body: str, *, requests: int,
-             connections: int = 16, threads: int = WRK_THREADS,
-             timeout_s: float = 120.0) -> dict[str, Any]:
-    """POST `requests` times over `connections` keep-alive connections; latency in ms.
-    More than one thread (`threads`) can stall a one-connection-at-a-time server at the
-    end of a run (see WRK_THREADS)."""
-    per_thread = max(1, requests // threads)
+             connections: int = 16, timeout_s: float = 120.0) -> dict[str, Any]:
+    """POST `requests` times over `connections` keep-alive connections; latency in ms."""
+    per_thread = max(1, requests // WRK_THREADS)
     script = _LUA.format(
         keys="{" + ", ".join(_lua_str(k) for k in keys) + "}", body=_lua_str(body),
-        path=_lua_str(path), per_thread=per_thread, nthreads=threads)
+        path=_lua_str(path), per_thread=per_thread, nthreads=WRK_THREADS)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
         fh.write(script)
         script_path = fh.name
     try:
-        cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{int(timeout_s)}s",
+        cmd = ["wrk", "-t", str(WRK_THREADS), "-c", str(connections), "-d", f"{int(timeout_s)}s",
                "--timeout", "10s", "-s", script_path, url]
         out_lines: list[str] = []
         done = 0
@@ -126,7 +123,7 @@ def wrk_load(url: str, path: str, keys: list[str], body: str, *, requests: int,
                     out_lines.append(ln)
                     if ln.startswith("WRKDONE"):
                         done += 1
-                        if done == threads:
+                        if done == WRK_THREADS:
                             proc.send_signal(signal.SIGINT)
                 proc.wait(timeout=timeout_s + 30)
                 err = proc.stderr.read()
