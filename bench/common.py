@@ -348,6 +348,28 @@ def speed_probe(rounds: int = 3) -> float:
     return best * 1000
 
 
+# The database probe's statement: a hash aggregation of 300,000 rows into 150,000 groups,
+# whose table and input (about 10 MB) are larger than a core's own caches. It runs at the
+# speed of the last-level cache and memory, which other guests of the host share: on
+# 2026-12-04 the database sections ran 1.5-2x slower than days before while the CPU loop of
+# speed_probe(), which stays in a core's own caches, read as fast as ever.
+DB_PROBE_SQL = ("SELECT count(*) FROM (SELECT g % 150000 FROM generate_series(1, 300000) g "
+                "GROUP BY 1) s")
+
+
+def db_probe(url: str, rounds: int = 3) -> float:
+    """Milliseconds the database probe (DB_PROBE_SQL) takes in the cluster at `url` now (the
+    best of `rounds`): what speed_probe() is for the CPU, for work whose data does not fit in
+    a core's own caches."""
+    best = math.inf
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            conn.execute(DB_PROBE_SQL).fetchone()
+            best = min(best, time.perf_counter() - t0)
+    return best * 1000
+
+
 def background_cores(seconds: float = 2.0) -> float:
     """Cores' worth of CPU the machine is busy with right now (before the bench loads it)."""
     meter = CpuMeter({})

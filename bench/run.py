@@ -25,6 +25,7 @@ from common import (  # noqa: E402
     BENCH,
     Bench,
     background_cores,
+    db_probe,
     machine_info,
     speed_probe,
     steal_mark,
@@ -44,9 +45,12 @@ QUIET_CORES = 0.25
 # Above this share of the CPU taken by the hypervisor (steal time) during a section, the run
 # says that section's figures are disturbed.
 STEAL_NOTE = 0.02
-# Above this spread of the speed probe (slowest over fastest), the run says the machine's own
-# speed changed under it.
+# Above this spread of the speed probe or of the database probe (slowest over fastest), the
+# run says the machine's own speed changed under it.
 PROBE_SPREAD_NOTE = 1.25
+# What each probe times, as its note says it.
+CPU_PROBE = "a fixed CPU loop"
+DB_PROBE = "a fixed hash aggregation in PostgreSQL (the database probe)"
 
 SECTIONS = ("enqueue", "admission", "analytics", "tick", "footprint", "profile", "stream",
             "webhooks",
@@ -89,16 +93,16 @@ def mark_not_comparable(b: Bench) -> None:
         b.notes.insert(0, NOT_COMPARABLE)
 
 
-def probe_note(probes: dict[str, float]) -> str | None:
-    """What the run says when the speed probe taken before each section (and after the last)
-    varied more than PROBE_SPREAD_NOTE, or None."""
+def probe_note(probes: dict[str, float], what: str = CPU_PROBE) -> str | None:
+    """What the run says when a probe taken before each section (and after the last) varied
+    more than PROBE_SPREAD_NOTE, or None. `what` says what the probe times."""
     if len(probes) < 2:
         return None
     fastest, slowest = min(probes.values()), max(probes.values())
     if slowest <= fastest * PROBE_SPREAD_NOTE:
         return None
     slow = ", ".join(k for k, v in probes.items() if v > fastest * PROBE_SPREAD_NOTE)
-    return (f"the machine's speed changed during the run: a fixed CPU loop took "
+    return (f"the machine's speed changed during the run: {what} took "
             f"{fastest:.0f}-{slowest:.0f} ms ({slowest / fastest:.1f}x; slow before: {slow}), "
             "more than steal time shows: absolute figures of the slow sections are low, "
             "compare ratios within a section only, or run again")
@@ -132,8 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[str] = []
     section_seconds: dict[str, float] = {}
     section_steal: dict[str, float] = {}
-    # The speed probe's milliseconds before each section, and "end" after the last.
+    # The speed probe's and the database probe's milliseconds before each section, and "end"
+    # after the last.
     probes: dict[str, float] = {}
+    db_probes: dict[str, float] = {}
     try:
         busy = background_cores()
         deadline = time.monotonic() + args.wait_quiet
@@ -159,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"\n== {name} ==", flush=True)
             probes[name] = round(speed_probe(), 1)
+            db_probes[name] = round(db_probe(b.url("postgres")), 1)
             t0 = time.monotonic()
             steal0 = steal_mark()
             try:
@@ -173,16 +180,18 @@ def main(argv: list[str] | None = None) -> int:
             # other-process shares the sections measure do not see it.
             share = steal_share(steal0)
             section_steal[name] = round(share, 3)
-            print(f"   ({section_seconds[name]} s; steal {share:.1%} of the CPU; speed probe "
-                  f"before it {probes[name]} ms)", flush=True)
+            print(f"   ({section_seconds[name]} s; steal {share:.1%} of the CPU; before it the "
+                  f"speed probe {probes[name]} ms, the database probe {db_probes[name]} ms)",
+                  flush=True)
             if share > STEAL_NOTE:
                 b.notes.append(f"the hypervisor took {share:.1%} of the machine's CPU during the "
                                f"{name} section (steal time): its figures are disturbed; run "
                                "it again")
         probes["end"] = round(speed_probe(), 1)
-        note = probe_note(probes)
-        if note:
-            b.notes.append(note)
+        db_probes["end"] = round(db_probe(b.url("postgres")), 1)
+        for note in (probe_note(probes, CPU_PROBE), probe_note(db_probes, DB_PROBE)):
+            if note:
+                b.notes.append(note)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         failed.append("interrupted")
@@ -199,10 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntotal {total:.0f} s; sections: "
           + ", ".join(f"{k} {v} s" for k, v in section_seconds.items())
           + "; steal: " + ", ".join(f"{k} {v:.1%}" for k, v in section_steal.items())
-          + "; speed probe (ms): " + ", ".join(f"{k} {v}" for k, v in probes.items()))
+          + "; speed probe (ms): " + ", ".join(f"{k} {v}" for k, v in probes.items())
+          + "; database probe (ms): " + ", ".join(f"{k} {v}" for k, v in db_probes.items()))
     payload = {"started": stamp, "quick": args.quick, "sections": chosen,
                "section_seconds": section_seconds, "section_steal": section_steal,
-               "speed_probe_ms": probes,
+               "speed_probe_ms": probes, "db_probe_ms": db_probes,
                "total_seconds": round(total, 1),
                "failed": failed, "notes": b.notes,
                "rows": [r.__dict__ for r in b.rows], "data": b.data}

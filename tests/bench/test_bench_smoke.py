@@ -61,9 +61,12 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     assert result["failed"] == []
     ran = {row["section"] for row in result["rows"]}
     assert ran == set(SECTIONS), ran
-    # The speed probe before each section and after the last, in milliseconds.
-    assert list(result["speed_probe_ms"]) == [*SECTIONS, "end"]
-    assert all(v > 0 for v in result["speed_probe_ms"].values())
+    # The speed probe and the database probe before each section and after the last, in
+    # milliseconds.
+    for probe in ("speed_probe_ms", "db_probe_ms"):
+        assert list(result[probe]) == [*SECTIONS, "end"], probe
+        assert all(v > 0 for v in result[probe].values()), result[probe]
+    assert "the database probe" in proc.stdout
     # The table is printed, and every figure is a number.
     assert "section" in proc.stdout and "figure" in proc.stdout
     assert all(isinstance(row["value"], (int, float)) for row in result["rows"])

@@ -1,7 +1,10 @@
 """The run says when the machine's own speed changed under it, which steal time does not show.
 
-A speed probe (a fixed CPU loop) is taken before every section and after the last; a spread of
-more than 25% between its fastest and slowest takes a note naming the slow sections.
+Two probes are taken before every section and after the last: the speed probe (a fixed CPU
+loop) and the database probe (a fixed hash aggregation in the bench's PostgreSQL, whose data
+outgrows a core's own caches). A spread of more than 25% between a probe's fastest and slowest
+takes a note naming the slow sections and the probe. tests/bench/test_bench_smoke.py checks
+that a run records both.
 """
 
 from __future__ import annotations
@@ -26,6 +29,17 @@ def test_a_slowed_machine_is_named_by_section() -> None:
                                  "end": 90.0})
     assert note is not None
     assert "40-100 ms (2.5x; slow before: analytics, end)" in note
+
+
+def test_the_note_says_which_probe_slowed() -> None:
+    steady_cpu = {"enqueue": 31.0, "analytics": 33.0, "end": 32.0}
+    slow_db = {"enqueue": 120.0, "analytics": 230.0, "end": 125.0}
+    assert bench_run.probe_note(steady_cpu, bench_run.CPU_PROBE) is None
+    note = bench_run.probe_note(slow_db, bench_run.DB_PROBE)
+    assert note is not None
+    assert note.startswith("the machine's speed changed during the run: a fixed hash "
+                           "aggregation in PostgreSQL (the database probe) took 120-230 ms "
+                           "(1.9x; slow before: analytics)")
 
 
 def test_the_probe_times_real_work() -> None:
