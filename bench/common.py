@@ -351,7 +351,7 @@ def speed_probe(rounds: int = 3) -> float:
 # The database probe's statement: a hash aggregation of 300,000 rows into 150,000 groups,
 # whose table and input (about 10 MB) are larger than a core's own caches. It runs at the
 # speed of the last-level cache and memory, which other guests of the host share: on
-# 2026-12-04 the database sections ran 1.5-2x slower than days before while the CPU loop of
+# 2026-12-04 the database sections ran 1.4-2.5x slower than days before while the CPU loop of
 # speed_probe(), which stays in a core's own caches, read as fast as ever.
 DB_PROBE_SQL = ("SELECT count(*) FROM (SELECT g % 150000 FROM generate_series(1, 300000) g "
                 "GROUP BY 1) s")

@@ -140,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     # after the last.
     probes: dict[str, float] = {}
     db_probes: dict[str, float] = {}
+
+    def take_probes(at: str) -> None:
+        probes[at] = round(speed_probe(), 1)
+        db_probes[at] = round(db_probe(b.url("postgres")), 1)
+
     try:
         busy = background_cores()
         deadline = time.monotonic() + args.wait_quiet
@@ -164,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             if name not in chosen:
                 continue
             print(f"\n== {name} ==", flush=True)
-            probes[name] = round(speed_probe(), 1)
-            db_probes[name] = round(db_probe(b.url("postgres")), 1)
+            take_probes(name)
             t0 = time.monotonic()
             steal0 = steal_mark()
             try:
@@ -187,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 b.notes.append(f"the hypervisor took {share:.1%} of the machine's CPU during the "
                                f"{name} section (steal time): its figures are disturbed; run "
                                "it again")
-        probes["end"] = round(speed_probe(), 1)
-        db_probes["end"] = round(db_probe(b.url("postgres")), 1)
+        take_probes("end")
         for note in (probe_note(probes, CPU_PROBE), probe_note(db_probes, DB_PROBE)):
             if note:
                 b.notes.append(note)
