@@ -342,6 +342,11 @@ DECLARE
     v_rate       float8;
     v_est        float8[];
     m_d          float8[];
+    -- Median run times read once per call, by kind and GPU class (sftq.median_run).
+    mk           text[];
+    mc           integer[];
+    ms           float8[];
+    mn           integer[];
     v_ix         integer;
     v_ahead_left bigint;
     v_note       text;
@@ -392,15 +397,20 @@ BEGIN
                lag(w.ix) OVER (PARTITION BY w.user_id ORDER BY w.ix) IS NULL AS is_head
           FROM w
     ), kc AS MATERIALIZED (
-        -- Run times by (kind, gpu_count): one median per kind and GPU class, looked up once.
+        -- Run times by (kind, gpu_count): one median per kind and GPU class, read once for
+        -- all this call needs: the window's jobs, the running jobs (their ends, below) and
+        -- the caller's jobs (extrapolated below). The running jobs read here are those read
+        -- below: the statements of a STABLE function share one snapshot.
         SELECT kg.kind, kg.gpu_count, sftq.gpu_class(kg.gpu_count) AS c
-          FROM (SELECT DISTINCT x.kind, x.gpu_count FROM wx x) kg
+          FROM (SELECT x.kind, x.gpu_count FROM wx x
+                UNION SELECT j.kind, j.gpu_count FROM sftq.jobs j WHERE j.state = 'PROGRESS'
+                UNION SELECT y.kind, y.g FROM unnest(p_kinds, p_gpus) AS y(kind, g)) kg
     ), med AS MATERIALIZED (
-        SELECT c.kind, c.c, CASE WHEN m.samples > 0 THEN m.seconds END AS seconds
+        SELECT c.kind, c.c, m.seconds, m.samples
           FROM (SELECT DISTINCT kc.kind, kc.c FROM kc) c
          CROSS JOIN LATERAL sftq.median_run(c.kind, c.c, p_now) m
     ), dur AS MATERIALIZED (
-        SELECT kc.kind, kc.gpu_count, med.seconds
+        SELECT kc.kind, kc.gpu_count, CASE WHEN med.samples > 0 THEN med.seconds END AS seconds
           FROM kc JOIN med ON med.kind = kc.kind AND med.c = kc.c
     ), wu AS MATERIALIZED (
         -- The window's users, one row each (at their head).
@@ -411,7 +421,7 @@ BEGIN
     )
     -- Each aggregate reads a subquery sorted once (an aggregate fed by a sorted subquery
     -- keeps that order), instead of sorting again per array.
-    SELECT a.*, b.*
+    SELECT a.*, b.*, c.*
       FROM (SELECT array_agg(x.id), array_agg(x.uix), array_agg(x.gpu_count),
                    array_agg(COALESCE(p_fixed_run, x.seconds, sftq.default_run_seconds())),
                    array_agg(x.nxt),
@@ -425,8 +435,12 @@ BEGIN
                    array_agg(y.ok), array_agg(y.head),
                    array_agg(y.head ORDER BY y.head)
                        FILTER (WHERE y.ok AND y.running_count < y.max_running)
-              FROM (SELECT * FROM wu ORDER BY wu.uix) y) b
-      INTO w_id, w_u, w_g, w_d, w_next, w_mine, w_is_mine, u_ids, u_run, u_cap, u_ok, u_head, e;
+              FROM (SELECT * FROM wu ORDER BY wu.uix) y) b,
+           (SELECT array_agg(med.kind), array_agg(med.c), array_agg(med.seconds),
+                   array_agg(med.samples)
+              FROM med) c
+      INTO w_id, w_u, w_g, w_d, w_next, w_mine, w_is_mine, u_ids, u_run, u_cap, u_ok, u_head, e,
+           mk, mc, ms, mn;
     v_n := COALESCE(cardinality(w_id), 0);
     ne := COALESCE(cardinality(e), 0);
     -- A full window may hide more jobs behind it.
@@ -447,16 +461,11 @@ BEGIN
         SELECT j.id, j.user_id, j.gpu_count, j.kind, j.started_at, j.submitted_at,
                row_number() OVER (ORDER BY j.id)::int AS ref
           FROM sftq.jobs j WHERE j.state = 'PROGRESS'
-    ), kc AS MATERIALIZED (
-        SELECT kg.kind, kg.gpu_count, sftq.gpu_class(kg.gpu_count) AS c
-          FROM (SELECT DISTINCT rj.kind, rj.gpu_count FROM rj) kg
-    ), med AS MATERIALIZED (
-        SELECT c.kind, c.c, m.seconds, m.samples
-          FROM (SELECT DISTINCT kc.kind, kc.c FROM kc) c
-         CROSS JOIN LATERAL sftq.median_run(c.kind, c.c, p_now) m
     ), dur AS MATERIALIZED (
-        SELECT kc.kind, kc.gpu_count, med.seconds, med.samples
-          FROM kc JOIN med ON med.kind = kc.kind AND med.c = kc.c
+        SELECT kg.kind, kg.gpu_count, k.seconds, k.samples
+          FROM (SELECT DISTINCT rj.kind, rj.gpu_count FROM rj) kg
+          JOIN unnest(mk, mc, ms, mn) AS k(kind, c, seconds, samples)
+            ON k.kind = kg.kind AND k.c = sftq.gpu_class(kg.gpu_count)
     ), ends AS (
         SELECT rj.ref, rj.gpu_count, COALESCE(array_position(u_ids, rj.user_id), 0) AS uix,
                (GREATEST(round(extract(epoch FROM f.finish_at - p_now) * 1000), 0)::bigint << 20)
@@ -580,11 +589,11 @@ BEGIN
                    THEN (v_steps - v_steps0) / (v_t - v_first) END;
     v_est := array_fill(NULL::float8, ARRAY[cardinality(p_jobs)]);
     IF v_stop IN ('steps', 'horizon') AND v_rate IS NOT NULL THEN
-        WITH kg AS MATERIALIZED (
-            SELECT DISTINCT y.kind, y.g FROM unnest(p_kinds, p_gpus) AS y(kind, g)
-        ), md AS MATERIALIZED (
-            SELECT kg.kind, kg.g, CASE WHEN m.samples > 0 THEN m.seconds END AS seconds
-              FROM kg CROSS JOIN LATERAL sftq.median_run(kg.kind, sftq.gpu_class(kg.g), p_now) m
+        WITH md AS MATERIALIZED (
+            SELECT kg.kind, kg.g, CASE WHEN k.samples > 0 THEN k.seconds END AS seconds
+              FROM (SELECT DISTINCT y.kind, y.g FROM unnest(p_kinds, p_gpus) AS y(kind, g)) kg
+              JOIN unnest(mk, mc, ms, mn) AS k(kind, c, seconds, samples)
+                ON k.kind = kg.kind AND k.c = sftq.gpu_class(kg.g)
         )
         SELECT array_agg(COALESCE(p_fixed_run, md.seconds, sftq.default_run_seconds()) ORDER BY t.ord)
           INTO m_d
@@ -677,13 +686,22 @@ CREATE OR REPLACE FUNCTION sftq.queue_view_many(
 RETURNS TABLE (user_id bigint, id uuid, display_name text, kind text, gpu_count integer,
                created_at timestamptz, queue_position bigint, waiting_code text,
                waiting_message text, estimated_start_at timestamptz, estimate_basis text)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 -- The planner's cost estimate of this query (per-job subqueries over guessed row counts)
 -- passes jit_above_cost; compiling it took about 2 s of a 10 ms answer. Off for everything
 -- it runs.
 SET jit = off
+-- Planned once per session: as a SQL function this query was planned again at every call,
+-- and PL/pgSQL would plan it afresh for each set of arguments too (its estimates depend on
+-- them). The plan does not: every step is a MATERIALIZED CTE or a function call, and the
+-- joins between them are hash joins whatever the estimates. About 5% of an answer for 400
+-- jobs (paired calls on the bench's data).
+SET plan_cache_mode = force_generic_plan
 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     -- What each of these users sees of their queued jobs: for one user, GET /jobs/analytics/
     -- queue; for every user with an open stream, the queue frames. The work is shared: one
     -- lookup of the jobs ahead per job (sftq.queue_ahead), one admission walk, one forecast.
@@ -699,8 +717,9 @@ AS $$
     ), ahead AS MATERIALIZED (
         -- QUEUED jobs of anyone ahead of each; k - 1 of them are the owner's own, the rest is
         -- the contract's queue_position.
-        SELECT a.* FROM sftq.queue_ahead((SELECT array_agg(m.created_at ORDER BY m.g) FROM mine m),
-                                         (SELECT array_agg(m.id ORDER BY m.g) FROM mine m)) a
+        SELECT a.* FROM (SELECT array_agg(x.created_at) AS c, array_agg(x.id) AS i
+                           FROM (SELECT mine.created_at, mine.id FROM mine ORDER BY mine.g) x) k
+         CROSS JOIN LATERAL sftq.queue_ahead(k.c, k.i) a
     ), usr AS (
         SELECT u.id, u.disabled_at IS NOT NULL AS disabled, u.running_count, u.max_running
           FROM sftq.users u WHERE u.id = ANY (p_user_ids)
@@ -720,16 +739,20 @@ AS $$
           JOIN usr ON usr.id = mine.user_id
           LEFT JOIN walk w ON w.job_id = mine.id
           LEFT JOIN blocker b ON true
+    ), args AS MATERIALIZED (
+        -- What the reasons and the forecast are given, element g for job g: one pass over
+        -- the jobs sorted once (an aggregate fed by a sorted subquery keeps its order).
+        SELECT array_agg(ROW(x.gpu_count, x.k - 1, x.disabled, x.running_count, x.max_running,
+                             x.fits, x.budget_before, x.behind_blocker)::sftq.waiting_facts) AS facts,
+               array_agg(x.id) AS ids, array_agg(x.ahead) AS ahead, array_agg(x.kind) AS kinds,
+               array_agg(x.gpu_count) AS gpus, array_agg(x.user_id) AS owners
+          FROM (SELECT * FROM m ORDER BY m.g) x
     ), rs AS MATERIALIZED (
         -- Why each waits, all in one call (sftq.waiting_reasons): job g's is element g.
         SELECT array_agg(r.code ORDER BY r.ord) AS codes,
                array_agg(r.message ORDER BY r.ord) AS messages
-          FROM st CROSS JOIN LATERAL sftq.waiting_reasons(
-                   (SELECT array_agg(ROW(x.gpu_count, x.k - 1, x.disabled, x.running_count,
-                                         x.max_running, x.fits, x.budget_before,
-                                         x.behind_blocker)::sftq.waiting_facts ORDER BY x.g)
-                      FROM m x),
-                   (SELECT b.gpu_count FROM blocker b), (SELECT b.budget_before FROM blocker b),
+          FROM st CROSS JOIN args a CROSS JOIN LATERAL sftq.waiting_reasons(
+                   a.facts, (SELECT b.gpu_count FROM blocker b), (SELECT b.budget_before FROM blocker b),
                    st.stalled) r
     ), fc AS MATERIALIZED (
         -- One simulation for every job listed (sftq.forecast with p_owners): each user gets
@@ -741,17 +764,13 @@ AS $$
         -- every job with every answer (400 jobs: 160,000 comparisons, 35 ms of a 50 ms call).
         SELECT array_agg(f.estimated_start_at ORDER BY f.o) AS starts,
                array_agg(f.basis ORDER BY f.o) AS bases
-          FROM st CROSS JOIN LATERAL sftq.forecast(
+          FROM st CROSS JOIN args a CROSS JOIN LATERAL sftq.forecast(
                    -- One user: their own forecast (the same answers, without the per-owner
                    -- bookkeeping); several: one simulation for all of them.
                    CASE WHEN cardinality(p_user_ids) = 1 THEN p_user_ids[1] END,
-                   (SELECT array_agg(x.id ORDER BY x.g) FROM m x),
-                   (SELECT array_agg(x.ahead ORDER BY x.g) FROM m x),
-                   (SELECT array_agg(x.kind ORDER BY x.g) FROM m x),
-                   (SELECT array_agg(x.gpu_count ORDER BY x.g) FROM m x),
+                   a.ids, a.ahead, a.kinds, a.gpus,
                    p_now, st.free_gpus, st.last_tick_at, p_tick_interval, p_fixed_run,
-                   p_owners => CASE WHEN cardinality(p_user_ids) > 1
-                                    THEN (SELECT array_agg(x.user_id ORDER BY x.g) FROM m x) END)
+                   p_owners => CASE WHEN cardinality(p_user_ids) > 1 THEN a.owners END)
                WITH ORDINALITY AS f (job_id, estimated_start_at, basis, o)
          WHERE st.stalled IS NULL
     )
@@ -759,7 +778,8 @@ AS $$
            rs.codes[m.g], rs.messages[m.g], fc.starts[m.g],
            COALESCE(fc.bases[m.g], 'no estimate: the scheduler is not running normally (see waiting_reason)')
       FROM m CROSS JOIN rs CROSS JOIN fc
-     ORDER BY m.user_id, m.k
+     ORDER BY m.user_id, m.k;
+END
 $$;
 COMMENT ON FUNCTION sftq.queue_view_many(bigint[], timestamptz, interval, interval, timestamptz, uuid, float8) IS
     'The QUEUED jobs of several users (all, or up to and including (p_upto_at, p_upto_id)), each user''s in FIFO order, with queue_position (sftq.queue_ahead less the owner''s own jobs ahead), the waiting reason (sftq.waiting_reasons over sftq._admission_walk with the budget sftq.scheduler_status gives: the walk admission would make with the quota as last read) and the estimated start (sftq.forecast over all of them at once; NULL while the scheduler is stalled). What a user gets does not depend on who else is listed. p_tick_interval and p_usage_grace are the deployment''s SFTQ_TICK_INTERVAL_SECONDS and SFTQ_USAGE_GRACE_SECONDS. Reads only, takes no locks.';
