@@ -250,8 +250,12 @@ class StreamHub:
         return sum(len(s) for s in self.by_user.values())
 
     async def _db(self, query: str, params: Sequence[Any]) -> list[Row]:
-        self.queries += 1
-        return _rows(await asyncio.to_thread(self.db.fetchall, query, params))
+        try:
+            return _rows(await asyncio.to_thread(self.db.fetchall, query, params))
+        finally:
+            # Counted once the query is done, as poll() counts its poll: counted before it, a
+            # reader of both counters during a poll saw one query more than polls.
+            self.queries += 1
 
     # -- opening -------------------------------------------------------------------------
     async def open(self, key_hash: bytes, job_id: str | None, last_event_id: str | None,
