@@ -3,7 +3,7 @@
 Starts a private PostgreSQL on loopback, runs the sections, prints one table and writes the
 figures to bench/results/ as JSON. Figures to compare are ratios from the same run.
 
-    bench/run.py                         everything (12-16 min on 2 cores)
+    bench/run.py                         everything (9-16 min on 2 cores)
     bench/run.py --only admission,tick   some sections
     bench/run.py --quick                 a fast smoke run (small sizes; what CI runs)
 """
