@@ -169,3 +169,39 @@ def test_the_command_line(tmp_path: Path) -> None:
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "up to date with sql/" in done.stdout
+
+
+def test_an_edited_procedure_exports_only_itself_and_the_grants(sql_copy: Path,
+                                                                tmp_path: Path) -> None:
+    out = tmp_path / "supabase" / "migrations"
+    t0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    migrate.export_supabase(sql_copy, out, now=t0)
+    before = set(out.iterdir())
+    proc = sql_copy / "procedures" / "065_forecast.sql"
+    proc.write_text(proc.read_text() + "\n-- changed\n")
+    migrate.export_supabase(sql_copy, out, now=t0)
+    (added,) = set(out.iterdir()) - before
+    text = added.read_text()
+    shipped = [line.removeprefix("-- >>> sql/") for line in text.splitlines()
+               if line.startswith("-- >>> sql/")]
+    grants = sorted(f"grants/{p.name}" for p in (sql_copy / "grants").glob("*.sql"))
+    assert shipped == ["procedures/065_forecast.sql", *grants]
+    # About the procedure's own lines and the grants' (with a few lines of bookkeeping per
+    # file), not the whole repeatable part again.
+    own = len(proc.read_text().splitlines()) + sum(
+        len((sql_copy / g).read_text().splitlines()) for g in grants)
+    whole = sum(len(p.read_text().splitlines()) for sub in ("procedures", "views", "grants")
+                for p in (sql_copy / sub).glob("*.sql"))
+    assert len(text.splitlines()) < own + 100 < whole / 4
+    # The manifest now holds the edited file's checksum: nothing more to write.
+    assert not migrate.export_supabase(sql_copy, out, check=True).changed
+
+
+def test_without_a_manifest_the_exported_records_say_what_was_applied(sql_copy: Path,
+                                                                      tmp_path: Path) -> None:
+    out = tmp_path / "supabase" / "migrations"
+    migrate.export_supabase(sql_copy, out, now=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
+    migrate.manifest_path(out).unlink()
+    again = migrate.export_supabase(sql_copy, out, check=True)
+    # Only the manifest is missing; the files already carry every repeatable file's checksum.
+    assert again.lines == [f"would write {migrate.MANIFEST}"]
