@@ -1,6 +1,31 @@
 -- Admission: strict FIFO by (created_at, id) over all kinds, users at cap skipped,
 -- no backfill, GPU budget never overspent.
 
+-- The admission rule for one walk, in one place: given the eligible heads' GPUs in FIFO
+-- order, how many are admitted. Strict FIFO with no backfill: heads go while they fit, and the
+-- first that does not fit stops the walk. sftq._admission_walk (which admission runs) and
+-- sftq.forecast (which simulates future walks) both decide with it.
+CREATE OR REPLACE FUNCTION sftq._walk_admits(p_gpus integer[], p_budget integer)
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_left  integer := p_budget;
+    v_n     integer := 0;
+    v_g     integer;
+BEGIN
+    FOREACH v_g IN ARRAY COALESCE(p_gpus, '{}') LOOP
+        EXIT WHEN v_g > v_left;
+        v_left := v_left - v_g;
+        v_n := v_n + 1;
+    END LOOP;
+    RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION sftq._walk_admits(integer[], integer) IS
+    'The admission rule of one walk: of the eligible heads whose GPUs p_gpus lists in FIFO order, how many are admitted within p_budget GPUs (strict FIFO, no backfill: heads go while they fit; the next one, if any, is the head that does not fit). Used by sftq._admission_walk and by every simulated walk of sftq.forecast. Pure.';
+
 -- The admission walk: the one place that decides who goes next. sftq._admit runs it and
 -- admits what it returns; sftq.preview_admission and every waiting reason read the same rows.
 CREATE OR REPLACE FUNCTION sftq._admission_walk(p_budget integer)
@@ -10,47 +35,43 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_budget  integer := p_budget;
-    v_users   bigint[] := '{}';
-    v_step    integer := 0;
-    v_user    bigint;
-    v_head    uuid;
-    v_at      timestamptz;
-    v_gpus    integer;
+    v_heads  record;
+    v_go     integer;
 BEGIN
-    LOOP
-        -- The candidate is the earliest head among users below their cap. One row per
-        -- user with queued work (users_head_idx), so this never walks the queued jobs
-        -- of users at cap. A user admitted earlier in the walk counts as at cap for the
-        -- rest of it (one admission per user per tick).
-        SELECT u.id, u.head_job_id, u.head_created_at INTO v_user, v_head, v_at
-          FROM sftq.users u
-         WHERE u.head_job_id IS NOT NULL
-           AND u.disabled_at IS NULL
-           AND u.running_count < u.max_running
-           AND u.id <> ALL (v_users)
-         ORDER BY u.head_created_at, u.head_job_id
-         LIMIT 1;
-        EXIT WHEN NOT FOUND;
-        SELECT j.gpu_count INTO v_gpus FROM sftq.jobs j WHERE j.id = v_head;
-        v_step := v_step + 1;
-        step := v_step;
-        user_id := v_user;
-        job_id := v_head;
-        gpu_count := v_gpus;
-        created_at := v_at;
-        budget_before := v_budget;
-        fits := v_gpus <= v_budget;
+    -- The candidates are the heads of users below their cap, earliest first: one row per
+    -- user with queued work (users_head_idx), so this never reads the queued jobs of users at
+    -- cap, and one admission per user per walk. Every job needs a GPU at least, so no more
+    -- than budget + 1 heads can matter.
+    SELECT array_agg(h.id ORDER BY h.o) AS users, array_agg(h.head_job_id ORDER BY h.o) AS jobs,
+           array_agg(h.head_created_at ORDER BY h.o) AS ats, array_agg(j.gpu_count ORDER BY h.o) AS gpus
+      INTO v_heads
+      FROM (SELECT u.id, u.head_job_id, u.head_created_at,
+                   row_number() OVER (ORDER BY u.head_created_at, u.head_job_id) AS o
+              FROM (SELECT u.id, u.head_job_id, u.head_created_at
+                      FROM sftq.users u
+                     WHERE u.head_job_id IS NOT NULL
+                       AND u.disabled_at IS NULL
+                       AND u.running_count < u.max_running
+                     ORDER BY u.head_created_at, u.head_job_id
+                     LIMIT GREATEST(p_budget, 0) + 1) u) h
+      JOIN sftq.jobs j ON j.id = h.head_job_id;
+    v_go := sftq._walk_admits(v_heads.gpus, p_budget);
+    budget_before := p_budget;
+    -- The heads that go, then the head that does not fit (the blocker), if any.
+    FOR i IN 1 .. LEAST(v_go + 1, COALESCE(cardinality(v_heads.jobs), 0)) LOOP
+        step := i;
+        user_id := v_heads.users[i];
+        job_id := v_heads.jobs[i];
+        gpu_count := v_heads.gpus[i];
+        created_at := v_heads.ats[i];
+        fits := i <= v_go;
         RETURN NEXT;
-        -- No backfill: if the earliest eligible job does not fit, nothing later goes.
-        EXIT WHEN NOT fits;
-        v_budget := v_budget - v_gpus;
-        v_users := v_users || v_user;
+        budget_before := budget_before - gpu_count;
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION sftq._admission_walk(integer) IS
-    'The admission walk over p_budget GPUs, without writing: one row per eligible head it reaches, in order, with the budget left before it; every row fits but the last, which is the head that does not fit (the blocker), if any. Strict FIFO by (created_at, id) over the heads of users below their cap and not disabled; a user counts as at cap after one admission in the walk. sftq._admit admits exactly the rows that fit; preview_admission and the waiting reasons classify every queued job from the same rows. Reads only, takes no locks (admit holds the exclusive gate around it).';
+    'The admission walk over p_budget GPUs, without writing: one row per eligible head it reaches, in order, with the budget left before it; every row fits but the last, which is the head that does not fit (the blocker), if any. Strict FIFO by (created_at, id) over the heads of users below their cap and not disabled (one admission per user per walk), decided by sftq._walk_admits, the rule sftq.forecast''s simulated walks use too. sftq._admit admits exactly the rows that fit; preview_admission and the waiting reasons classify every queued job from the same rows. Reads only, takes no locks (admit holds the exclusive gate around it).';
 
 CREATE OR REPLACE FUNCTION sftq._admit(p_budget integer, p_now timestamptz, p_detail jsonb)
 RETURNS TABLE (job_id uuid, user_id bigint, kind text, gpu_count integer, fireworks_payload jsonb)

@@ -329,6 +329,9 @@ DECLARE
     v_stop       text;
     v_blocked    boolean;
     v_block_g    integer;
+    v_heads      integer[];
+    v_go         integer;
+    v_k          integer;
     h            integer;
     u            integer;
     x            integer;
@@ -508,16 +511,22 @@ BEGIN
                 END IF;
             END IF;
         END LOOP;
-        -- The walk (as sftq._admission_walk): heads in FIFO order while they fit.
+        -- The walk: admission's own rule (sftq._walk_admits) decides how many of the
+        -- eligible heads, in FIFO order, go at this tick. Every job needs a GPU at least, so
+        -- no more than budget + 1 heads can matter.
         v_blocked := false;
         v_defer := '{}';
-        WHILE ep <= ne LOOP
+        v_heads := '{}';
+        FOR x IN ep .. LEAST(ne, ep + GREATEST(v_budget, 0)) LOOP
+            v_heads := v_heads || w_g[e[x]];
+        END LOOP;
+        v_go := sftq._walk_admits(v_heads, v_budget);
+        IF v_go < cardinality(v_heads) THEN
+            v_blocked := true;
+            v_block_g := v_heads[v_go + 1];
+        END IF;
+        FOR v_k IN 1 .. v_go LOOP
             h := e[ep];
-            IF w_g[h] > v_budget THEN
-                v_blocked := true;
-                v_block_g := w_g[h];
-                EXIT;
-            END IF;
             ep := ep + 1;
             w_start[h] := v_t;
             v_budget := v_budget - w_g[h];
