@@ -309,11 +309,9 @@ def export_supabase(root: Path | None = None, out: Path | None = None, *, check:
     # privileges). Only those go out, in the migrator's order: never the whole set again.
     last = {} if rebuild else _last_exported(out)
     repeatable = [f for f in files if f.kind == "repeatable"]
-    changed = [f for f in repeatable
-               if not f.name.startswith("grants/") and last.get(f.name) != f.checksum]
-    grants = [f for f in repeatable if f.name.startswith("grants/")]
-    if writes or changed or any(last.get(f.name) != f.checksum for f in grants):
-        chosen = [f for f in repeatable if f in changed or f in grants]
+    changed = {f.name for f in repeatable if last.get(f.name) != f.checksum}
+    if writes or changed:
+        chosen = [f for f in repeatable if f.name in changed or f.name.startswith("grants/")]
         bundle = _bundle_body(chosen)
         digest = hashlib.sha256(bundle.encode()).hexdigest()
         sources = "\n".join(f"--   sql/{f.name}" for f in chosen)

@@ -42,19 +42,19 @@ BEGIN
     -- user with queued work (users_head_idx), so this never reads the queued jobs of users at
     -- cap, and one admission per user per walk. Every job needs a GPU at least, so no more
     -- than budget + 1 heads can matter.
-    SELECT array_agg(h.id ORDER BY h.o) AS users, array_agg(h.head_job_id ORDER BY h.o) AS jobs,
-           array_agg(h.head_created_at ORDER BY h.o) AS ats, array_agg(j.gpu_count ORDER BY h.o) AS gpus
+    SELECT array_agg(u.id ORDER BY u.head_created_at, u.head_job_id) AS users,
+           array_agg(u.head_job_id ORDER BY u.head_created_at, u.head_job_id) AS jobs,
+           array_agg(u.head_created_at ORDER BY u.head_created_at, u.head_job_id) AS ats,
+           array_agg(j.gpu_count ORDER BY u.head_created_at, u.head_job_id) AS gpus
       INTO v_heads
-      FROM (SELECT u.id, u.head_job_id, u.head_created_at,
-                   row_number() OVER (ORDER BY u.head_created_at, u.head_job_id) AS o
-              FROM (SELECT u.id, u.head_job_id, u.head_created_at
-                      FROM sftq.users u
-                     WHERE u.head_job_id IS NOT NULL
-                       AND u.disabled_at IS NULL
-                       AND u.running_count < u.max_running
-                     ORDER BY u.head_created_at, u.head_job_id
-                     LIMIT GREATEST(p_budget, 0) + 1) u) h
-      JOIN sftq.jobs j ON j.id = h.head_job_id;
+      FROM (SELECT u.id, u.head_job_id, u.head_created_at
+              FROM sftq.users u
+             WHERE u.head_job_id IS NOT NULL
+               AND u.disabled_at IS NULL
+               AND u.running_count < u.max_running
+             ORDER BY u.head_created_at, u.head_job_id
+             LIMIT GREATEST(p_budget, 0) + 1) u
+      JOIN sftq.jobs j ON j.id = u.head_job_id;
     v_go := sftq._walk_admits(v_heads.gpus, p_budget);
     budget_before := p_budget;
     -- The heads that go, then the head that does not fit (the blocker), if any.
