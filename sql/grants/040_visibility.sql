@@ -8,8 +8,10 @@ GRANT EXECUTE ON FUNCTION
     sftq.api_capacity(bytea, boolean, interval, interval, text)
 TO sftq_api;
 
--- The scheduler's admission runs the shared walk, and its preview the shared reasons.
+-- The scheduler's admission runs the shared walk (and the walk's rule), and its preview the
+-- shared reasons.
 GRANT EXECUTE ON FUNCTION
+    sftq._walk_admits(integer[], integer),
     sftq._admission_walk(integer),
     sftq.waiting_reason(integer, bigint, boolean, integer, integer, boolean, integer, integer,
                         integer, boolean, text),

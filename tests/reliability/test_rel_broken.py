@@ -105,10 +105,8 @@ def test_cap_check_catches_admission_that_ignores_the_cap(
 def test_fifo_checks_catch_admission_out_of_order(
         db_url: str, make_sim: Any, make_gateway: Any, figures: dict[str, Any]) -> None:
     # Heads taken by job id (random) instead of by (created_at, id).
-    load_broken(db_url, *ADMIT, "ORDER BY u.head_created_at, u.head_job_id\n         LIMIT 1;\n"
-                "        EXIT WHEN NOT FOUND;\n        SELECT j.gpu_count INTO v_gpus",
-                "ORDER BY u.head_job_id\n         LIMIT 1;\n"
-                "        EXIT WHEN NOT FOUND;\n        SELECT j.gpu_count INTO v_gpus")
+    load_broken(db_url, *ADMIT, "ORDER BY u.head_created_at, u.head_job_id",
+                "ORDER BY u.head_job_id")
     result = run_load(db_url, make_sim, make_gateway, SHORT)
     figures.update(expect(result, "fifo (event log) (after a tick)",
                           "fifo (in-transaction) (after a tick)",
