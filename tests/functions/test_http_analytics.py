@@ -11,11 +11,11 @@ import pytest
 from fn_support import Api, Db, assert_error
 from werkzeug.test import Client
 
-from sftq_server.api import ApiApp, make_analytics_api
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.models import JobAnalytics, QueueContext, Summary
-from sftq_server.settings import Settings
-from sftq_server.web import wsgi_app
+from sftq_server.http.apps import ApiApp, make_analytics_api
+from sftq_server.http.models import JobAnalytics, QueueContext, Summary
+from sftq_server.http.web import wsgi_app
 
 QUEUE_KEYS = {"your_progress_job", "your_queued_jobs", "global_queue_depth",
               "global_progress_count", "global_gpu_in_use"}

@@ -36,7 +36,7 @@ from infra_support import (
     user_key_and_job,
 )
 
-from sftq_server.pgcluster import free_port
+from sftq_server.dev.pgcluster import free_port
 
 DB = "'postgresql://postgres:***@db.abcdefgh.supabase.co:5432/postgres'"
 # psql gets the URL without its password, and the password in its environment.
@@ -326,7 +326,8 @@ def test_functions_dry_run(deploy: Runner, tmp_path: Path) -> None:
         staged = build / name
         files = {str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()}
         assert {"main.py", "requirements.txt", f"functions/{file}",
-                "functions/sftq_server/__init__.py", "functions/sftq_server/db.py"} <= files
+                "functions/sftq_server/__init__.py",
+                "functions/sftq_server/db/__init__.py"} <= files
         assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
         assert not any(f.startswith("sql/") or f.endswith(".sql") for f in files)
         others = {f"functions/{f}" for f, _ in FUNCTIONS.values()} - {f"functions/{file}"}
@@ -664,9 +665,9 @@ def test_services_dry_run(deploy: Runner, tmp_path: Path) -> None:
     staged = build / "image"
     files = {str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()}
     assert {"Dockerfile", ".dockerignore", "pyproject.toml", "constraints.txt",
-            "docs/openapi.json", "functions/sftq_server/gateway.py",
-            "functions/sftq_server/tick_http.py", "functions/webhook_deliver.py",
-            "functions/jobs_stream.py", "functions/sftq_server/stream.py"} <= files
+            "docs/openapi.json", "functions/sftq_server/http/gateway.py",
+            "functions/sftq_server/scheduler/http.py", "functions/webhook_deliver.py",
+            "functions/jobs_stream.py", "functions/sftq_server/stream/hub.py"} <= files
     assert not any("__pycache__" in f or f.startswith(("sql/", "tests/")) for f in files)
     assert (staged / "Dockerfile").read_bytes() == (ROOT / "Dockerfile").read_bytes()
     pins = {line for line in (staged / "constraints.txt").read_text().splitlines()

@@ -47,7 +47,7 @@ from schemathesis.checks import (
 from werkzeug.test import Client
 
 from sftq_server import webhooks
-from sftq_server.gateway import make_gateway
+from sftq_server.http.gateway import make_gateway
 
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
@@ -392,7 +392,7 @@ def test_a_streamed_list_over_the_wire_and_a_reader_that_leaves(
     """GET /jobs without a limit streams long lists (chunked, one page at a time): a complete
     JSON array on the real HTTP server, and clients that stop reading half-way (more of them
     than the pool has connections) leave the server answering everybody else."""
-    from sftq_server import api_listing
+    from sftq_server.http.routes import jobs as api_listing
 
     monkeypatch.setattr(api_listing, "STREAM_PAGE", 3)
     port = world["served"].server.port

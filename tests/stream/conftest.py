@@ -14,10 +14,10 @@ import psycopg
 import pytest
 from stream_support import Sql
 
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.pgcluster import free_port
-from sftq_server.settings import Settings
-from sftq_server.stream import StreamApp, StreamHub, StreamSettings
+from sftq_server.dev.pgcluster import free_port
+from sftq_server.stream.hub import StreamApp, StreamHub, StreamSettings
 
 FAST = StreamSettings(heartbeat_seconds=0.5, max_seconds=30.0, poll_ms=100.0,
                       refresh_seconds=1.0)
@@ -89,7 +89,7 @@ class GatewayServer:
     """The `sftq dev` gateway (werkzeug, threaded) on 127.0.0.1 in a thread."""
 
     def __init__(self, settings: Settings) -> None:
-        from sftq_server.gateway import make_server
+        from sftq_server.http.gateway import make_server
 
         self.server = make_server("127.0.0.1", 0, settings, provider_factory=lambda: None)
         self.base = f"http://127.0.0.1:{self.server.port}"
