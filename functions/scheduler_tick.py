@@ -41,7 +41,7 @@ def _refuse_a_weak_secret() -> None:
     # A host starts the function by importing this module: a tick secret that is too short
     # stops it here, with the reason in the log, rather than guarding the tick weakly.
     from sftq_server.core.settings import get_settings
-    from sftq_server.scheduler.http import require_tick_secret
+    from sftq_server.core.tick_secret import require_tick_secret
 
     require_tick_secret(get_settings())
 

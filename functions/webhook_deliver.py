@@ -52,7 +52,7 @@ def _refuse_a_weak_secret() -> None:
     # A host starts the function by importing this module: a secret too short to guard it
     # stops it here, with the reason in the log (tick_http.require_tick_secret).
     from sftq_server.core.settings import get_settings
-    from sftq_server.scheduler.http import require_tick_secret
+    from sftq_server.core.tick_secret import require_tick_secret
 
     require_tick_secret(get_settings())
 

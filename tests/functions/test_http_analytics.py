@@ -3,6 +3,7 @@ through the separate read-only analytics function (also on a read-only database)
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -222,7 +223,9 @@ def read_only_url(db_url: str) -> str:
 def replica_analytics(settings: Settings, read_only_url: str,
                       monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Api, ApiApp]]:
     monkeypatch.setenv("ANALYTICS_DATABASE_URL", read_only_url)
-    app = make_analytics_api(settings)
+    # The one Settings object reads the variable, as the function's entry point does.
+    from_env = Settings.from_env().analytics_database_url
+    app = make_analytics_api(dataclasses.replace(settings, analytics_database_url=from_env))
     try:
         yield Api(Client(wsgi_app(app))), app
     finally:

@@ -42,10 +42,10 @@ from rel_support import (
 )
 from werkzeug.test import Client
 
+import sftq_server.core.tick_secret
 import sftq_server.http.apps
 import sftq_server.http.routes.jobs
 import sftq_server.http.web
-import sftq_server.scheduler.http
 import sftq_server.scheduler.tick
 from sftq_server.db import Database
 from sftq_server.http.gateway import make_gateway as gateway_app
@@ -308,7 +308,7 @@ def test_timing_check_catches_a_lookup_that_compares_character_by_character(
 def test_tick_secret_check_catches_a_prefix_comparison(
         db_url: str, make_sim: Any, make_gateway: Any, monkeypatch: pytest.MonkeyPatch,
         figures: dict[str, Any]) -> None:
-    monkeypatch.setattr(sftq_server.scheduler.http.hmac, "compare_digest",
+    monkeypatch.setattr(sftq_server.core.tick_secret.hmac, "compare_digest",
                         lambda given, secret: bool(given) and secret.startswith(given))
     world = build_world(db_url, make_sim, make_gateway, faults=False)
     problems, _ = tick_secret_problems(world)

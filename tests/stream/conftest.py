@@ -5,6 +5,7 @@ and through the `sftq dev` gateway (werkzeug); clients read it with httpx-sse.""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -110,7 +111,8 @@ def gateway(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gat
     monkeypatch.setenv("SFTQ_STREAM_HEARTBEAT_SECONDS", "0.5")
     monkeypatch.setenv("SFTQ_STREAM_POLL_MS", "100")
     monkeypatch.setenv("SFTQ_STREAM_MAX_SECONDS", "30")
-    server = GatewayServer(settings)
+    # The one Settings object reads SFTQ_STREAM_*, as a gateway started from the env does.
+    server = GatewayServer(dataclasses.replace(settings, stream=StreamSettings.from_env()))
     try:
         yield server
     finally:

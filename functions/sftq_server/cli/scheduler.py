@@ -145,7 +145,7 @@ def summarize(result: Mapping[str, Any]) -> str:
 
 
 @contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
+def stop_on_signals() -> Iterator[threading.Event]:
     """An event set by SIGINT or SIGTERM; the handlers are restored afterwards."""
     stop = threading.Event()
 
@@ -165,7 +165,7 @@ def _stop_on_signals() -> Iterator[threading.Event]:
 
 def _loop(interval: float, max_ticks: int, fire: Callable[[], str]) -> int:
     """Fire every `interval` seconds (start to start) until a signal or `max_ticks`."""
-    with _stop_on_signals() as stop:
+    with stop_on_signals() as stop:
         fired = 0
         while not stop.is_set():
             started = time.monotonic()

@@ -29,7 +29,7 @@ def _count(value: str) -> int:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from sftq_server.cli import database_url
-    from sftq_server.cli.scheduler import _stop_on_signals
+    from sftq_server.cli.scheduler import stop_on_signals
     from sftq_server.core.settings import Settings
     from sftq_server.db import Database
     from sftq_server.webhooks import TIMEOUT_SECONDS, Deliverer, Outcome
@@ -61,7 +61,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
           f"{args.per_endpoint} per endpoint, polling every {args.poll_interval:g}s ({mode})",
           flush=True)
     try:
-        with _stop_on_signals() as stop:
+        with stop_on_signals() as stop:
             deliverer.run(stop, poll_interval=args.poll_interval)
     finally:
         db.close()

@@ -145,7 +145,7 @@ def create_app() -> Gateway:
     server runs a few threads, and each open stream would hold one for up to an hour. Streams
     are served by the ASGI entry point (functions/jobs_stream.py, the jobs-stream service)."""
     from sftq_server.core import logs as logs
-    from sftq_server.scheduler.http import require_tick_secret
+    from sftq_server.core.tick_secret import require_tick_secret
 
     logs.configure()  # no one else does under granian: the access log would stay silent
     settings = Settings.from_env()

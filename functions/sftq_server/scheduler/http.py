@@ -25,11 +25,8 @@ a TickApp built anyway answers 503 to every request.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +35,15 @@ from wsgiref.types import StartResponse, WSGIEnvironment
 
 from sftq_server.core.errors import SftqError
 from sftq_server.core.settings import Settings
+from sftq_server.core.tick_secret import (  # noqa: F401 (the tick's names, as before)
+    MIN_SECRET_CHARS,
+    TOKEN_WINDOW_SECONDS,
+    TickSecretError,
+    bearer_ok,
+    require_tick_secret,
+    tick_secret_problem,
+    tick_token,
+)
 
 if TYPE_CHECKING:
     from sftq_server.db import Database
@@ -49,52 +55,6 @@ _REASONS = {200: "OK", 401: "Unauthorized", 405: "Method Not Allowed", 500: "Int
             503: "Service Unavailable"}
 
 Answer = tuple[int, dict[str, str], bytes]
-
-MIN_SECRET_CHARS = 32
-TOKEN_WINDOW_SECONDS = 120
-_TOKEN = re.compile(r"v1\.([0-9]{1,12})\.([0-9a-f]{64})")
-
-
-class TickSecretError(ValueError):
-    """The tick secret is too weak to run with; the message says what to do."""
-
-
-def tick_secret_problem(settings: Settings) -> str | None:
-    """Why scheduler-tick must not run with this secret, or None. An empty secret is not a
-    problem here: the endpoint then answers 503 not_configured, as it always has."""
-    secret = settings.tick_secret
-    if secret and len(secret) < MIN_SECRET_CHARS and not settings.dev_stack:
-        return (f"SFTQ_TICK_SECRET is {len(secret)} characters long: scheduler-tick needs at "
-                f"least {MIN_SECRET_CHARS} outside the dev stack; generate one with "
-                "`openssl rand -hex 32` and store it in both places (infra/deploy.sh secrets "
-                "--only tick-secret, then cron)")
-    return None
-
-
-def require_tick_secret(settings: Settings) -> None:
-    """Raise TickSecretError when the secret is too short: called where a host starts."""
-    problem = tick_secret_problem(settings)
-    if problem:
-        raise TickSecretError(problem)
-
-
-def tick_token(secret: str, now: float | None = None) -> str:
-    """The short-lived bearer token for `secret` at `now` (default: this host's clock)."""
-    seconds = str(int(time.time() if now is None else now))
-    mac = hmac.new(secret.encode(), seconds.encode(), hashlib.sha256).hexdigest()
-    return f"v1.{seconds}.{mac}"
-
-
-def bearer_ok(token: str, secret: str, now: float) -> bool:
-    """The bearer is the secret, or a token of it minted within TOKEN_WINDOW_SECONDS of now."""
-    plain = hmac.compare_digest(token.encode(), secret.encode())
-    match = _TOKEN.fullmatch(token)
-    minted = False
-    if match is not None and abs(now - int(match[1])) <= TOKEN_WINDOW_SECONDS:
-        expected = hmac.new(secret.encode(), match[1].encode(), hashlib.sha256).hexdigest()
-        minted = hmac.compare_digest(match[2].encode(), expected.encode())
-    return plain or minted
-
 
 def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Answer:
     return status, {"Content-Type": "application/json", **(headers or {})}, \

@@ -757,7 +757,7 @@ class DeliverApp:
                                         "without it", "code": "not_configured"})
         # The same two bearer forms as scheduler-tick: the secret, or pg_cron's two-minute
         # token of it (cron/schedule_webhooks.sql never sends the secret through pg_net).
-        from sftq_server.scheduler.http import bearer_ok
+        from sftq_server.core.tick_secret import bearer_ok
 
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not bearer_ok(token.strip(), secret, time.time()):

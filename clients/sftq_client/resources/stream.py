@@ -12,17 +12,30 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import httpx
 from httpx_sse import ServerSentEvent, aconnect_sse, connect_sse
 from pydantic import ValidationError
 
-from .errors import APIConnectionError, SftqError, WaitTimeout
-from .models import EndEvent, Job, ProgressEvent, QueueEvent, StatusEvent, StreamEvent
+from .. import _transport
+from .._transport import Core, job_path
+from ..errors import APIConnectionError, SftqError, WaitTimeout
+from ..models import EndEvent, Job, ProgressEvent, QueueEvent, StatusEvent, StreamEvent
 
-if TYPE_CHECKING:
-    from ._client import AsyncClient, Client, _Core
+
+class StreamingClient(Protocol):
+    """What the stream needs of a Client: its transport core, its HTTP client and get()."""
+
+    _core: Core
+    _http: httpx.Client
+
+    def get(self, job_id: str) -> Job: ...
+
+
+class AsyncStreamingClient(Protocol):
+    _core: Core
+    _http: httpx.AsyncClient
 
 __all__ = ["StreamUnavailable", "parse_event"]
 
@@ -59,12 +72,10 @@ def parse_event(sse: ServerSentEvent) -> StreamEvent | str | None:
 class _Resume:
     """What the sync and async readers share: the path, the resume point, the retry policy."""
 
-    def __init__(self, core: _Core, job_id: str | None, last_event_id: str | None,
+    def __init__(self, core: Core, job_id: str | None, last_event_id: str | None,
                  deadline: float | None) -> None:
-        from ._client import _job_path
-
         self.core = core
-        self.path = "/jobs/stream" if job_id is None else _job_path(job_id, "/stream")
+        self.path = "/jobs/stream" if job_id is None else job_path(job_id, "/stream")
         self.last_event_id = last_event_id
         self.deadline = deadline
         self.failures = 0
@@ -131,7 +142,7 @@ class _Resume:
             raise TimeoutError
 
 
-def iter_stream(client: Client, job_id: str | None, last_event_id: str | None = None,
+def iter_stream(client: StreamingClient, job_id: str | None, last_event_id: str | None = None,
                 deadline: float | None = None) -> Iterator[StreamEvent]:
     """Events of one job (ends after its EndEvent) or of all the caller's jobs (never ends),
     across reconnects. TimeoutError at `deadline` (monotonic seconds)."""
@@ -166,12 +177,11 @@ def iter_stream(client: Client, job_id: str | None, last_event_id: str | None = 
         if error is None:
             state.check_deadline()
         if delay:
-            from ._client import _sync_sleep
-
-            _sync_sleep(delay)
+            _transport.sync_sleep(delay)
 
 
-async def aiter_stream(client: AsyncClient, job_id: str | None, last_event_id: str | None = None,
+async def aiter_stream(client: AsyncStreamingClient, job_id: str | None,
+                       last_event_id: str | None = None,
                        deadline: float | None = None) -> AsyncIterator[StreamEvent]:
     """The async twin of :func:`iter_stream`."""
     state = _Resume(client._core, job_id, last_event_id, deadline)
@@ -206,12 +216,10 @@ async def aiter_stream(client: AsyncClient, job_id: str | None, last_event_id: s
         if error is None:
             state.check_deadline()
         if delay:
-            from ._client import _async_sleep
-
-            await _async_sleep(delay)
+            await _transport.async_sleep(delay)
 
 
-def wait_streaming(client: Client, job_id: str, *, timeout: float | None = None,
+def wait_streaming(client: StreamingClient, job_id: str, *, timeout: float | None = None,
                    on_event: Any = None) -> Job:
     """Wait for a job through its stream; raise StreamUnavailable when the server cannot stream
     (callers then poll with Client.wait). `on_event` sees every event as it comes."""
