@@ -281,7 +281,7 @@ def test_timing_check_catches_a_lookup_that_compares_character_by_character(
     with connect(db_url) as conn:
         (user,) = make_users(conn, 1)
     real = user.keys[0]
-    honest = sftq_server.http.routes.jobs.authenticate
+    honest = sftq_server.http.routes.analytics.authenticate
 
     def leaky(request: Any) -> bytes:
         # An early-exit comparison with a real key, each matching character costing ~10 us.
@@ -294,7 +294,7 @@ def test_timing_check_catches_a_lookup_that_compares_character_by_character(
                 pass
         return bytes(honest(request))
 
-    monkeypatch.setattr(sftq_server.http.routes.jobs, "authenticate", leaky)
+    monkeypatch.setattr(sftq_server.http.routes.analytics, "authenticate", leaky)
     app = sftq_server.http.apps.make_jobs_api(rel_settings(db_url, "http://127.0.0.1:9"),
                                         db=Database(db_url, max_size=1, timeout=5.0))
     try:
