@@ -100,7 +100,7 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("how", ["exit", "sys.exit(3)"])
 def test_configure_logs_info_lines_alone_and_keeps_them_at_exit(how: str) -> None:
     code = ("import logging, sys\n"
-            "from sftq_server import logs\n"
+            "from sftq_server.core import logs\n"
             "assert logs.configure()\n"
             "assert not logs.configure()  # once: a root handler is there now\n"
             "logging.getLogger('sftq.access').info('{\"a\": 1}')\n"
@@ -114,7 +114,7 @@ def test_configure_logs_info_lines_alone_and_keeps_them_at_exit(how: str) -> Non
 def test_configure_leaves_a_deployment_s_own_logging_alone() -> None:
     code = ("import logging\n"
             "logging.basicConfig(level=logging.WARNING, format='own: %(message)s')\n"
-            "from sftq_server import logs\n"
+            "from sftq_server.core import logs\n"
             "assert not logs.configure()\n"
             "logging.getLogger('sftq.access').info('dropped')\n"
             "logging.getLogger('sftq.web').warning('kept')\n")
@@ -127,7 +127,7 @@ def test_configure_leaves_the_host_s_own_log_formats_working() -> None:
     # gunicorn (under functions-framework) logs its errors as "[%(process)d] ...": after our
     # set-up that line must still format, not end in "--- Logging error ---".
     code = ("import logging, os, sys\n"
-            "from sftq_server import logs\n"
+            "from sftq_server.core import logs\n"
             "assert logs.configure()\n"
             "host = logging.getLogger('gunicorn.error')\n"
             "h = logging.StreamHandler(sys.stdout)\n"
