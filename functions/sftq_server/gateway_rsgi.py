@@ -27,7 +27,7 @@ from typing import Any
 
 from .api import ApiApp, created, submit_headers, submit_params
 from .errors import BadRequest
-from .gateway import JOBS_PREFIX, Gateway
+from .gateway import JOBS_PREFIX, MCP_PREFIX, Gateway
 from .group_commit import AsyncGroupCommit
 from .settings import Settings
 from .web import JSON_HEADERS, Headers, Request, WSGIApp, declared_length, error_body, too_large
@@ -226,6 +226,8 @@ class RsgiGateway:
         self._threads = max(1, threads)
         self._executor: ThreadPoolExecutor | None = None
         self._bridge: WsgiBridge | None = None
+        # The MCP endpoint on this loop (sftq_server.mcp_http), made on its first request.
+        self._mcp: Any = None
         settings = gateway.settings
         self.group_commit = AsyncGroupCommit(
             settings.database_url, default_queue_timeout=settings.queue_timeout_seconds,
@@ -251,9 +253,18 @@ class RsgiGateway:
             self.__rsgi_init__(asyncio.get_running_loop())
         if scope.method == "POST" and scope.path == SUBMIT_PATH:
             await self._submit(scope, proto)
+        elif scope.path in (MCP_PREFIX, MCP_PREFIX + "/") and self._mcp_app() is not None:
+            await self._mcp(scope, proto)
         else:
             assert self._bridge is not None
             await self._bridge(scope, proto)
+
+    def _mcp_app(self) -> Any:
+        if self._mcp is None:
+            from .mcp_http import make_rsgi_mcp
+
+            self._mcp = make_rsgi_mcp(self.gateway, JOBS_PREFIX, self._max_body) or False
+        return self._mcp or None
 
     async def _submit(self, scope: Any, proto: Any) -> None:
         """POST /jobs as JobsApi.submit answers it, with the body and the batch awaited."""

@@ -42,6 +42,8 @@ access_log = logging.getLogger("sftq.access")
 # fireworks_payload reaches jobs-api and comes back as its payload_too_large tool error.
 ENVELOPE_BYTES: Final = 64 * 1024
 _BEARER_RE: Final = re.compile(r"Bearer\s+(sftq_[A-Za-z0-9_\-]{1,200})\s*", re.IGNORECASE)
+# Clients kept, one per recent key (each holds only its settings: the pool is shared).
+CLIENT_CACHE: Final = 256
 _JSON: Final = [(b"content-type", b"application/json")]
 
 
@@ -100,7 +102,8 @@ class McpHttpApp:
         self.jobs_api_url = jobs_api_url.rstrip("/")
         self._transport = _SharedTransport(transport or httpx.AsyncHTTPTransport())
         self.max_body_bytes = max_body_bytes + ENVELOPE_BYTES
-        self._manager: Any = None
+        self._managers: tuple[Any, ...] = ()
+        self._clients: dict[str, Any] = {}
         self._ready: asyncio.Future[None] | None = None
         self._stop: asyncio.Event | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -108,9 +111,20 @@ class McpHttpApp:
     # ---- the per-request client ------------------------------------------------------------
 
     def client(self, key: str) -> Any:
-        from sftq_client import AsyncClient
+        """The client acting as `key`'s user. Kept for the next requests with the same key
+        (making one costs about a quarter of a short call); the key is what identifies, and
+        jobs-api checks it on every call, so a revoked key fails at once all the same."""
+        client = self._clients.pop(key, None)
+        if client is None:
+            from sftq_client import AsyncClient
 
-        return AsyncClient(api_key=key, base_url=self.jobs_api_url, transport=self._transport)
+            client = AsyncClient(api_key=key, base_url=self.jobs_api_url,
+                                 transport=self._transport)
+            if len(self._clients) >= CLIENT_CACHE:
+                # The least recently used; the transport is shared, so closing is not needed.
+                self._clients.pop(next(iter(self._clients)))
+        self._clients[key] = client  # most recently used last
+        return client
 
     @contextlib.asynccontextmanager
     async def _client_for(self, request: Any) -> AsyncIterator[Any]:
@@ -119,8 +133,7 @@ class McpHttpApp:
             (k.encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items())
         if key is None:  # refused before the transport; kept as a guard
             raise PermissionError("no API key")
-        async with self.client(key) as client:
-            yield client
+        yield self.client(key)
 
     # ---- the transport's lifetime ---------------------------------------------------------
 
@@ -133,20 +146,29 @@ class McpHttpApp:
             # The package logs every request at INFO; our access log already has a line each.
             logging.getLogger("mcp").setLevel(logging.WARNING)
             server = build_server(self._client_for, subscriptions=False)
-            self._manager = StreamableHTTPSessionManager(
-                app=server, stateless=True, json_response=False,
-                max_request_body_size=self.max_body_bytes)
+            # Two ways to answer, both allowed by the transport's specification: a call that
+            # asked for progress (a progressToken) gets an SSE stream that carries the
+            # notifications before its result; every other request gets its result as one
+            # JSON body, which saves the stream's framing and tasks (most of a short call's
+            # overhead).
+            self._managers = tuple(
+                StreamableHTTPSessionManager(app=server, stateless=True, json_response=plain,
+                                             max_request_body_size=self.max_body_bytes)
+                for plain in (False, True))
             loop = asyncio.get_running_loop()
             self._ready = loop.create_future()
             self._stop = asyncio.Event()
-            self._runner = loop.create_task(self._run(self._manager, self._ready, self._stop))
+            self._runner = loop.create_task(self._run(self._managers, self._ready, self._stop))
         await asyncio.shield(self._ready)
-        return self._manager
+        return self._managers
 
     @staticmethod
-    async def _run(manager: Any, ready: asyncio.Future[None], stop: asyncio.Event) -> None:
+    async def _run(managers: tuple[Any, ...], ready: asyncio.Future[None],
+                   stop: asyncio.Event) -> None:
         try:
-            async with manager.run():
+            async with contextlib.AsyncExitStack() as stack:
+                for manager in managers:
+                    await stack.enter_async_context(manager.run())
                 ready.set_result(None)
                 await stop.wait()
         except BaseException as exc:
@@ -209,18 +231,19 @@ class McpHttpApp:
                           "user is disabled)", "unauthorized",
                           [(b"www-authenticate", b'Bearer realm="finetune-queue"')])
             return rpc
-        manager = await self._start()
+        streaming, plain = await self._start()
+        manager = streaming if b'"progressToken"' in body else plain
         await manager.handle_request(scope, receive, send)
         return rpc
 
     async def _key_accepted(self, key: str) -> bool:
         from sftq_client import Unauthorized
 
-        async with self.client(key) as client:
-            try:
-                await client.list_jobs(limit=1)
-            except Unauthorized:
-                return False
+        try:
+            await self.client(key).list_jobs(limit=1)
+        except Unauthorized:
+            self._clients.pop(key, None)
+            return False
         return True
 
 
@@ -468,3 +491,91 @@ def make_wsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int) -> 
     app = McpHttpApp(f"http://sftq.internal{jobs_api_path}",
                      transport=InProcessTransport(gateway), max_body_bytes=max_body_bytes)
     return WsgiMcp(app)
+
+
+# ---- under the RSGI gateway (the image's server) -----------------------------------------------
+
+
+class RsgiMcp:
+    """`McpHttpApp` on granian's RSGI interface, on the server's own event loop: no thread
+    between the request and the protocol (the jobs-api calls still run the WSGI gateway on
+    InProcessTransport's threads)."""
+
+    def __init__(self, app: McpHttpApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, proto: Any) -> None:
+        limit = self.app.max_body_bytes
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                   for k, v in scope.headers.items()]
+        declared = next((v.decode("latin-1") for k, v in headers if k == b"content-length"),
+                        None)
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            proto.response_bytes(413, [("content-type", "application/json")], json.dumps(
+                {"error": f"request body over {limit} bytes", "code": "payload_too_large"}
+            ).encode())
+            return
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in proto:
+            size += len(chunk)
+            if size > limit:  # a body without a Content-Length, read only up to the limit
+                proto.response_bytes(413, [("content-type", "application/json")], json.dumps(
+                    {"error": f"request body over {limit} bytes", "code": "payload_too_large"}
+                ).encode())
+                return
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        host, _, port = scope.server.rpartition(":")
+        client_host, _, client_port = scope.client.rpartition(":")
+        asgi_scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": scope.http_version, "method": scope.method,
+            "scheme": scope.scheme, "path": scope.path,
+            "raw_path": scope.path.encode("utf-8", "surrogateescape"), "root_path": "",
+            "query_string": scope.query_string.encode("latin-1"), "headers": headers,
+            "server": (host, int(port or 0)), "client": (client_host, int(client_port or 0)),
+        }
+        sent_body = False
+        status = 500
+        response_headers: list[tuple[str, str]] = []
+        stream: Any = None
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent_body
+            if not sent_body:
+                sent_body = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await proto.client_disconnect()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status, response_headers, stream
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                response_headers = [(k.decode("latin-1"), v.decode("latin-1"))
+                                    for k, v in message.get("headers", ())]
+            elif message["type"] == "http.response.body":
+                chunk = message.get("body", b"")
+                more = message.get("more_body", False)
+                if stream is None and not more:
+                    proto.response_bytes(status, response_headers, chunk)
+                    return
+                if stream is None:
+                    stream = proto.response_stream(status, response_headers)
+                if chunk:
+                    await stream.send_bytes(chunk)
+
+        await self.app(asgi_scope, receive, send)
+
+
+def make_rsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int) -> Any:
+    """The MCP endpoint for the RSGI gateway; None when the mcp package is not installed
+    (the WSGI gateway's route then answers 503)."""
+    try:
+        import mcp  # noqa: F401
+    except ModuleNotFoundError:
+        return None
+    return RsgiMcp(McpHttpApp(f"http://sftq.internal{jobs_api_path}",
+                              transport=InProcessTransport(gateway),
+                              max_body_bytes=max_body_bytes))

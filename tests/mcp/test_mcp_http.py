@@ -206,8 +206,9 @@ def test_the_deployed_entry_point_serves_the_same_tools(stack: Any,
                     "kind": "SFT", "fireworks_payload": PAYLOAD, "display_name": "entry"}})
                 r = await http.post("/", json=submit, headers=ACCEPT | stack.auth())
                 assert r.status_code == 200, r.text
-                data = json.loads(next(line[5:] for line in r.text.splitlines()
-                                       if line.startswith("data:")))
+                # A call without a progress token is answered as one JSON body.
+                assert r.headers["content-type"].startswith("application/json")
+                data = r.json()
                 job = data["result"]["structuredContent"]
                 assert job["state"] == "QUEUED"
                 get = rpc("tools/call", {"name": "get_job", "arguments": {"job_id": job["id"]}})
@@ -221,3 +222,80 @@ def test_the_deployed_entry_point_serves_the_same_tools(stack: Any,
         stack.http.delete(f"{stack.api}/jobs/{job['id']}", headers=stack.auth())
 
     anyio.run(main)
+
+
+def test_the_images_server_serves_it_on_its_event_loop(stack: Any, tmp_path: Any) -> None:
+    # The Dockerfile's command (granian RSGI, sftq_server.gateway_rsgi) on the stack's
+    # database: the MCP endpoint runs on granian's loop (mcp_http.RsgiMcp), progress streamed.
+    import shutil
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from mcp_support import ROOT, clean_env
+
+    from sftq_server.pgcluster import free_port
+
+    granian = Path(sys.executable).parent / "granian"
+    assert granian.exists() or shutil.which("granian"), "granian is a dev dependency"
+    port = free_port()
+    env = clean_env(DATABASE_URL=stack.database_url,
+                    SFTQ_TICK_SECRET="mcp-test-tick-secret-0123456789abcdef")
+    log = (tmp_path / "granian.log").open("wb")
+    proc = subprocess.Popen(
+        [str(granian), "--interface", "rsgi", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1", "--no-ws", "--factory", "sftq_server.gateway_rsgi:create_app"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/functions/v1/jobs-api/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, \
+                (tmp_path / "granian.log").read_text()
+            time.sleep(0.2)
+
+        class Image:
+            key = stack.key
+
+        image = Image()
+        image.base = base  # type: ignore[attr-defined]
+        other = stack.user(f"mcp-image-{uuid.uuid4().hex[:8]}")
+        progress: list[float] = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            progress.append(value)
+
+        async def main() -> None:
+            async with http_session(image) as mine, http_session(image, other) as theirs:
+                job = ok(await mine.call_tool("submit_job", {
+                    "kind": "SFT", "fireworks_payload": PAYLOAD, "idempotency_key": "img-1"}))
+                waited = ok(await mine.call_tool(
+                    "wait_for_job", {"job_id": job["id"], "timeout_seconds": 1.0,
+                                     "poll_interval_seconds": 0.2},
+                    progress_callback=on_progress))
+                assert waited["timed_out"] and len(progress) >= 2
+                error = error_of(await theirs.call_tool("get_job", {"job_id": job["id"]}))
+                assert error["code"] == "not_found"
+                ok(await mine.call_tool("cancel_job", {"job_id": job["id"]}))
+
+        anyio.run(main)
+        with httpx.Client(timeout=30) as http:
+            r = http.post(f"{base}/functions/v1/mcp", content=b"x" * 2_000_000,
+                          headers=ACCEPT | stack.auth())
+            assert r.status_code == 413
+            r = http.post(f"{base}/functions/v1/mcp", json=rpc("tools/list", {}), headers=ACCEPT)
+            assert r.status_code == 401
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
