@@ -227,3 +227,13 @@ def test_resources_and_updated_notifications(stack: Any) -> None:
             await session.unsubscribe_resource(uri)  # type: ignore[arg-type]
 
     anyio.run(main)
+
+
+def test_missing_settings_stop_it_before_the_protocol() -> None:
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "sftq_client", "mcp"], env=clean_env(),
+                          input="", capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""  # stdout is the protocol's alone
+    assert "SFTQ_API_KEY" in proc.stderr and "SUPABASE_URL" in proc.stderr
