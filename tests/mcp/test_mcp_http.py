@@ -299,3 +299,31 @@ def test_the_images_server_serves_it_on_its_event_loop(stack: Any, tmp_path: Any
             proc.kill()
             proc.wait()
         log.close()
+
+
+def test_functions_framework_serves_the_entry_point(monkeypatch: Any) -> None:
+    # `functions-framework --source functions/mcp_api.py --target mcp_api --asgi`: the app
+    # functions-framework builds from the entry point answers MCP and refuses keyless calls.
+    import sys
+
+    import functions_framework.aio as ff_aio
+    from mcp_support import ROOT
+
+    monkeypatch.setenv("SFTQ_MCP_JOBS_API_URL", "http://127.0.0.1:9/functions/v1/jobs-api")
+    app = ff_aio.create_asgi_app(target="mcp_api", source=str(ROOT / "functions" / "mcp_api.py"))
+    listing = rpc("tools/list", {})
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://mcp") as http:
+            r = await http.post("/", json=listing,
+                                headers=ACCEPT | {"Authorization": "Bearer sftq_abc"})
+            assert r.status_code == 200, r.text
+            assert {t["name"] for t in r.json()["result"]["tools"]} >= {"submit_job"}
+            r = await http.post("/", json=listing, headers=ACCEPT)
+            assert r.status_code == 401
+        for name, module in list(sys.modules.items()):
+            if name.endswith("mcp_api") and hasattr(module, "_app"):
+                await module._app.get().aclose()
+
+    anyio.run(main)
