@@ -2,7 +2,7 @@
 # with the setup docs/performance.md recommends: RSGI, 2 worker processes (HTTP parsing in
 # Rust). In each process POST /jobs waits on an event loop and the enqueues that arrive
 # together share a transaction (group commit); every other route runs the WSGI gateway on a
-# pool of threads (sftq_server/gateway_rsgi.py). Paths are the contract's: /functions/v1/<name>.
+# pool of threads (sftq_server/http/gateway_rsgi.py). Paths are the contract's: /functions/v1/<name>.
 # The same image runs the two other functions with a command of their own (infra/deploy.sh
 # passes it to Cloud Run): webhook-deliver under granian (webhook_deliver:create_app), and the
 # live stream under uvicorn, ASGI (jobs_stream:asgi_app). cryptography seals and opens the
@@ -38,4 +38,4 @@ EXPOSE 8080
 # start with a tick secret shorter than 32 characters.
 CMD ["granian", "--interface", "rsgi", "--host", "0.0.0.0", "--port", "8080", \
      "--workers", "2", "--no-ws", \
-     "--factory", "sftq_server.gateway_rsgi:create_app"]
+     "--factory", "sftq_server.http.gateway_rsgi:create_app"]

@@ -23,6 +23,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check functions clients tests bench
 	$(VENV)/bin/mypy functions/sftq_server clients/sftq_client
+	PYTHONPATH=functions:clients $(VENV)/bin/lint-imports
 
 # wrk drives the HTTP load (a Python generator would take CPU from the server it measures);
 # as root on Debian it is installed here, elsewhere the run says its HTTP ratios are not comparable.

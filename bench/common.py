@@ -26,8 +26,8 @@ if str(FUNCTIONS) not in sys.path:
 
 import psycopg  # noqa: E402
 
-from sftq_server import migrate  # noqa: E402
-from sftq_server.pgcluster import LocalCluster, find_bindir  # noqa: E402
+from sftq_server.db import migrate as migrate  # noqa: E402
+from sftq_server.dev.pgcluster import LocalCluster, find_bindir  # noqa: E402
 
 # PostgreSQL settings: sized like a small production instance on this 2-core, 24 GB box.
 # fsync and full_page_writes stay ON (crash-safe storage). synchronous_commit is OFF

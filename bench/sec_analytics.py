@@ -107,7 +107,7 @@ def run(b: Bench) -> None:
             for label, uid in users.items():
                 jobs = conn.execute("SELECT count(*) FROM sftq.jobs WHERE user_id = %s",
                                     (uid,)).fetchone()
-                # Both answers as text, as the API fetches them (sftq_server/db.py: passed to
+                # Both answers as text, as the API fetches them (sftq_server/db: passed to
                 # the response as they are); fetched as json, psycopg would also parse them
                 # into Python objects, which no caller of the API pays here (for 400 queued
                 # jobs about 2.5 ms).

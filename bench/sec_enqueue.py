@@ -27,7 +27,7 @@ from common import Bench, CpuMeter, conninfo_kwargs, percentile, tree
 from servers import ServerSpec
 
 from sftq_server import db as dbmod
-from sftq_server.group_commit import batch_arrays
+from sftq_server.http.group_commit import batch_arrays
 
 SECTION = "enqueue"
 CONCURRENCY = 16
@@ -39,7 +39,7 @@ PAYLOAD_TEXT = json.dumps(FIREWORKS_PAYLOAD, separators=(",", ":"))
 
 HTTP_SPECS = [
     # What the image runs (Dockerfile): granian RSGI, the whole gateway; POST /jobs waits on
-    # an event loop per process, the other routes run on 8 threads (sftq_server.gateway_rsgi).
+    # an event loop per process, the other routes run on 8 threads (sftq_server.http.gateway_rsgi).
     ServerSpec("granian rsgi x2 (the image)", "image", workers=2, threads=8),
     # The classic: one request per process at a time, no keep-alive.
     ServerSpec("gunicorn sync x3", "gunicorn", workers=3),
@@ -257,7 +257,7 @@ def run_bare_many(b: Bench, n: int, *, threads: int = 2, batch: int = 8) -> dict
         def make(i: int) -> Callable[[], None]:
             conn = conns[i]
             mine = [hashes[(i * batch + j) % len(hashes)] for j in range(batch)]
-            # Packed as the web layer packs them (sftq_server.group_commit.batch_arrays).
+            # Packed as the web layer packs them (sftq_server.http.group_commit.batch_arrays).
             params = (*batch_arrays([(h, "SFT", PAYLOAD_TEXT, "bench-job", 4, None, None)
                                      for h in mine]), None)
 

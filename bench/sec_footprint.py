@@ -32,11 +32,11 @@ SECTION = "footprint"
 ENTRIES = {
     "jobs_api": "",
     "analytics_api": "",
-    "scheduler_tick": "import sftq_server.scheduler",
+    "scheduler_tick": "import sftq_server.scheduler.tick",
 }
 
 # Build what the entry builds on its first request, whatever it calls its lazy holder: an
-# object with a get() (sftq_server.lazy.Lazy) or a _get_*() function.
+# object with a get() (sftq_server.core.lazy.Lazy) or a _get_*() function.
 FIRST_REQUEST = """
 import {module} as m
 built = 0

@@ -42,8 +42,8 @@ BUCKETS: list[tuple[str, re.Pattern[str]]] = [
     ("socket writes (kernel)", re.compile(r"'(send|sendall|shutdown|close)' of '_socket")),
     ("psycopg client + pool", re.compile(r"psycopg")),
     ("pydantic validation", re.compile(r"pydantic")),
-    ("sftq_server.web (request, routing, response)", re.compile(r"sftq_server/web\.py")),
-    ("sftq_server.api + db (auth, checks, call)",
+    ("sftq_server.http.web (request, routing, response)", re.compile(r"sftq_server/web\.py")),
+    ("sftq_server.http.routes.jobs + db (auth, checks, call)",
      re.compile(r"sftq_server/(api|db|models|errors)\.py|openssl_sha256|_hashlib|'match' of|"
                 r"'fullmatch' of")),
     ("json + logging (access log)",

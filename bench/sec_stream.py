@@ -47,7 +47,7 @@ import dataset
 import psycopg
 from common import FUNCTIONS, Bench, percentile, stop_process
 
-from sftq_server.pgcluster import free_port
+from sftq_server.dev.pgcluster import free_port
 
 SECTION = "stream"
 PAYLOAD = '{"dataset": "accounts/bench/datasets/d", "baseModel": "m"}'

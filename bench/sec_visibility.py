@@ -196,7 +196,7 @@ class _Replay:
 
     def tick(self) -> None:
         from sftq_server.provider import provider_job_id
-        from sftq_server.scheduler import observation
+        from sftq_server.scheduler.tick import observation
 
         c, when = self.conn, self.at()
         tick_id = c.execute("SELECT sftq.tick_begin('replay', interval '2 minutes', %s)",
@@ -362,10 +362,10 @@ def _accuracy(b: Bench, results: dict[str, Any]) -> None:
 def _listing(b: Bench, results: dict[str, Any]) -> None:
     from werkzeug.test import Client
 
-    from sftq_server.api import make_jobs_api
+    from sftq_server.core.settings import Settings
     from sftq_server.db import Database
-    from sftq_server.settings import Settings
-    from sftq_server.web import wsgi_app
+    from sftq_server.http.apps import make_jobs_api
+    from sftq_server.http.web import wsgi_app
 
     n = 3_000 if b.quick else 30_000
     dbname = "bench_visibility_listing"

@@ -108,7 +108,7 @@ def run_latency(b: Bench, trickle: int, burst: int) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SFTQ_")}
     env |= {"DATABASE_URL": url, "SFTQ_WEBHOOKS_KEY": KEY, "SFTQ_WEBHOOKS_ALLOW_PRIVATE": "true",
             "PYTHONPATH": str(FUNCTIONS), "PYTHONUNBUFFERED": "1"}
-    worker = subprocess.Popen([sys.executable, "-m", "sftq_server.cli_dev", "deliver"], env=env,
+    worker = subprocess.Popen([sys.executable, "-m", "sftq_server.cli.dev", "deliver"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     committed: dict[str, float] = {}
     phases: dict[str, list[str]] = {"trickle": [], "burst": []}

@@ -17,7 +17,7 @@ from typing import Any
 
 from common import BENCH, FUNCTIONS, ROOT, children, stop_process, tree, vm_hwm_kib
 
-from sftq_server.pgcluster import free_port
+from sftq_server.dev.pgcluster import free_port
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -28,7 +28,7 @@ class ServerSpec:
 
     name: str
     # gunicorn | granian (WSGI, bench/wsgi_jobs.py) | ff | image: the Dockerfile's command,
-    # granian RSGI serving the whole gateway (sftq_server.gateway_rsgi) at the contract's paths
+    # granian RSGI serving the whole gateway (sftq_server.http.gateway_rsgi) at the contract's paths
     kind: str
     workers: int = 1
     threads: int = 1
@@ -126,7 +126,7 @@ def start(spec: ServerSpec, database_url: str, log_dir: Path) -> Server:
         env["SFTQ_TICK_SECRET"] = "bench-tick-secret-0123456789abcdef-0123"
         cmd = [_tool("granian"), "--interface", "rsgi", "--host", "127.0.0.1",
                "--port", str(port), "--workers", str(spec.workers), "--log-level", "warning",
-               "--no-ws", "--factory", "sftq_server.gateway_rsgi:create_app"]
+               "--no-ws", "--factory", "sftq_server.http.gateway_rsgi:create_app"]
     elif spec.kind == "ff":
         # functions-framework runs gunicorn itself: WORKERS processes of THREADS threads
         # (its defaults: 1 worker, 4 threads per CPU).

@@ -8,8 +8,8 @@ Logging is set up by bench/site/sitecustomize.py, the same way for every server 
 
 from __future__ import annotations
 
-from sftq_server.api import make_jobs_api
-from sftq_server.settings import Settings
-from sftq_server.web import wsgi_app
+from sftq_server.core.settings import Settings
+from sftq_server.http.apps import make_jobs_api
+from sftq_server.http.web import wsgi_app
 
 app = wsgi_app(make_jobs_api(Settings.from_env()))

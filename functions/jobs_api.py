@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sftq_server.lazy import Lazy
+from sftq_server.core.lazy import Lazy
 
 if TYPE_CHECKING:
-    from sftq_server.web import Handler
+    from sftq_server.http.web import Handler
 
 
 def _build() -> Handler:
-    from sftq_server import logs
-    from sftq_server.api import make_jobs_api
-    from sftq_server.settings import get_settings
+    from sftq_server.core import logs as logs
+    from sftq_server.core.settings import get_settings
+    from sftq_server.http.apps import make_jobs_api
 
     logs.configure()  # functions-framework leaves logging alone: the access log would be silent
     return make_jobs_api(get_settings())
@@ -30,6 +30,6 @@ _handler = Lazy(_build)
 
 def jobs_api(request: Any) -> Any:
     """Serve one flask request (functions-framework hands us flask.Request)."""
-    from sftq_server.web import handle_flask
+    from sftq_server.http.web import handle_flask
 
     return handle_flask(_handler.get(), request)

@@ -22,16 +22,16 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sftq_server.lazy import Lazy
+from sftq_server.core.lazy import Lazy
 
 if TYPE_CHECKING:
-    from sftq_server.stream import StreamApp
+    from sftq_server.stream.hub import StreamApp
 
 
 def _build() -> StreamApp:
-    from sftq_server import logs
-    from sftq_server.settings import get_settings
-    from sftq_server.stream import StreamApp, make_hub
+    from sftq_server.core import logs as logs
+    from sftq_server.core.settings import get_settings
+    from sftq_server.stream.hub import StreamApp, make_hub
 
     logs.configure()  # neither functions-framework nor uvicorn sets up the access log
     return StreamApp(lambda: make_hub(get_settings()))

@@ -7,7 +7,7 @@ as long as the agent asked (an hour at most). Each request acts as its own beare
 by calling jobs-api with that key, at SFTQ_MCP_JOBS_API_URL (default
 $SUPABASE_URL/functions/v1/jobs-api). It holds no database connection and no session state,
 so any number of instances may answer. Under `sftq dev` the gateway serves the same app at
-/functions/v1/mcp (sftq_server.mcp_http).
+/functions/v1/mcp (sftq_server.http.mcp).
 
 Any ASGI server can serve it as well: `uvicorn mcp_api:asgi_app --factory` (PYTHONPATH=functions).
 """
@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from sftq_server.lazy import Lazy
+from sftq_server.core.lazy import Lazy
 
 if TYPE_CHECKING:
-    from sftq_server.mcp_http import McpHttpApp
+    from sftq_server.http.mcp import McpHttpApp
 
 
 def jobs_api_url() -> str:
@@ -35,9 +35,9 @@ def jobs_api_url() -> str:
 
 
 def _build() -> McpHttpApp:
-    from sftq_server import logs
-    from sftq_server.mcp_http import McpHttpApp
-    from sftq_server.settings import Settings
+    from sftq_server.core import logs
+    from sftq_server.http.mcp import McpHttpApp
+    from sftq_server.core.settings import Settings
 
     logs.configure()
     return McpHttpApp(jobs_api_url(), max_body_bytes=Settings.from_env().max_body_bytes)

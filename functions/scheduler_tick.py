@@ -2,7 +2,7 @@
 
     functions-framework --source functions/scheduler_tick.py --target scheduler_tick
 
-Adapts the framework's (flask) request to sftq_server.tick_http, which holds the logic
+Adapts the framework's (flask) request to sftq_server.scheduler.http, which holds the logic
 and answers the same way under any WSGI host. Nothing is imported or connected until the
 first request: cold starts stay short, and the settings are read from the environment once.
 """
@@ -19,16 +19,16 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.append(_HERE)
 
-from sftq_server.lazy import Lazy  # noqa: E402 - after the sys.path fix above
+from sftq_server.core.lazy import Lazy  # noqa: E402 - after the sys.path fix above
 
 if TYPE_CHECKING:
-    from sftq_server.tick_http import TickApp
+    from sftq_server.scheduler.http import TickApp
 
 
 def _build() -> TickApp:
-    from sftq_server import logs
-    from sftq_server.settings import get_settings
-    from sftq_server.tick_http import make_tick_app
+    from sftq_server.core import logs as logs
+    from sftq_server.core.settings import get_settings
+    from sftq_server.scheduler.http import make_tick_app
 
     logs.configure()  # functions-framework leaves logging alone: the tick's lines would be lost
     return make_tick_app(get_settings())
@@ -40,8 +40,8 @@ _app = Lazy(_build)
 def _refuse_a_weak_secret() -> None:
     # A host starts the function by importing this module: a tick secret that is too short
     # stops it here, with the reason in the log, rather than guarding the tick weakly.
-    from sftq_server.settings import get_settings
-    from sftq_server.tick_http import require_tick_secret
+    from sftq_server.core.settings import get_settings
+    from sftq_server.core.tick_secret import require_tick_secret
 
     require_tick_secret(get_settings())
 

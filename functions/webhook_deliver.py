@@ -29,15 +29,15 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.append(_HERE)
 
-from sftq_server.lazy import Lazy  # noqa: E402 - after the sys.path fix above
+from sftq_server.core.lazy import Lazy  # noqa: E402 - after the sys.path fix above
 
 if TYPE_CHECKING:
     from sftq_server.webhooks import DeliverApp
 
 
 def _build() -> DeliverApp:
-    from sftq_server import logs
-    from sftq_server.settings import get_settings
+    from sftq_server.core import logs as logs
+    from sftq_server.core.settings import get_settings
     from sftq_server.webhooks import make_deliver_app
 
     # Neither functions-framework nor granian sets logging up: one line per delivery outcome.
@@ -51,8 +51,8 @@ _app = Lazy(_build)
 def _refuse_a_weak_secret() -> None:
     # A host starts the function by importing this module: a secret too short to guard it
     # stops it here, with the reason in the log (tick_http.require_tick_secret).
-    from sftq_server.settings import get_settings
-    from sftq_server.tick_http import require_tick_secret
+    from sftq_server.core.settings import get_settings
+    from sftq_server.core.tick_secret import require_tick_secret
 
     require_tick_secret(get_settings())
 

@@ -18,8 +18,8 @@ from pytest_postgresql.janitor import DatabaseJanitor
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "functions"))
 
-from sftq_server import migrate  # noqa: E402
-from sftq_server.pgcluster import LocalCluster, find_bindir  # noqa: E402
+from sftq_server.db import migrate as migrate  # noqa: E402
+from sftq_server.dev.pgcluster import LocalCluster, find_bindir  # noqa: E402
 
 TEMPLATE = "sftq_template"
 _counter = itertools.count()

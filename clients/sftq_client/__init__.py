@@ -10,7 +10,6 @@ with Client() as sftq:  # SFTQ_API_KEY and SFTQ_API_URL / SUPABASE_URL from the 
 from __future__ import annotations
 
 from ._client import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, AsyncClient, Client
-from ._stream import StreamUnavailable
 from ._version import __version__
 from .errors import (
     AmbiguousJobId,
@@ -63,7 +62,8 @@ from .models import (
     WebhookEndpoint,
     WebhookEndpointCreated,
 )
-from .webhooks import WebhookVerificationError, verify_webhook
+from .resources.stream import StreamUnavailable
+from .webhook_signatures import WebhookVerificationError, verify_webhook
 
 __all__ = [
     "DEFAULT_MAX_RETRIES",

@@ -31,7 +31,7 @@ def test_the_recommended_server_is_the_images_command() -> None:
     image = cmd()
     assert image[image.index("--interface") + 1] == "rsgi"
     assert int(image[image.index("--workers") + 1]) == spec.workers
-    assert image[-1] == "sftq_server.gateway_rsgi:create_app"
+    assert image[-1] == "sftq_server.http.gateway_rsgi:create_app"
 
 
 @pytest.mark.parametrize("access_log", [True, False])

@@ -5,15 +5,15 @@ from collections.abc import Callable, Iterator
 import pytest
 from fake_jobs_api import API_KEY, BASE_URL, FakeClock, FakeJobsApi
 
-from sftq_client import AsyncClient, Client, _client
+from sftq_client import AsyncClient, Client, _transport
 
 
 @pytest.fixture(autouse=True)
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(_client, "_sync_sleep", fake.sleep)
-    monkeypatch.setattr(_client, "_async_sleep", fake.async_sleep)
-    monkeypatch.setattr(_client, "_monotonic", fake.monotonic)
+    monkeypatch.setattr(_transport, "sync_sleep", fake.sleep)
+    monkeypatch.setattr(_transport, "async_sleep", fake.async_sleep)
+    monkeypatch.setattr(_transport, "monotonic", fake.monotonic)
     return fake
 
 

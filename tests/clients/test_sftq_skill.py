@@ -118,7 +118,9 @@ def test_the_packaged_copy_is_the_skill() -> None:
     repo = {str(p.relative_to(SKILL)): p.read_bytes() for p in SKILL.rglob("*") if p.is_file()}
     packaged = {str(p.relative_to(PACKAGED)): p.read_bytes()
                 for p in PACKAGED.rglob("*") if p.is_file()}
-    assert packaged == repo, "copy skills/finetune-queue to clients/sftq_client/skills/"
+    # One skill, not two copies: the top-level folder is a link to the packaged one.
+    assert SKILL.resolve() == PACKAGED.resolve(), "skills/finetune-queue must link to the package"
+    assert packaged == repo
     assert skill_files() == repo  # what the installed package reads
 
 

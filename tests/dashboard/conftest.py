@@ -15,7 +15,7 @@ from browser_support import ARTIFACTS, Browser
 from pytest_postgresql.janitor import DatabaseJanitor
 from stack_support import Stack, e2e_helpers
 
-from sftq_server.pgcluster import LocalCluster
+from sftq_server.dev.pgcluster import LocalCluster
 
 _SHOTS: list[Path] = []
 _STACKS = itertools.count()

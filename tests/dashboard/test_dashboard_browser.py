@@ -292,9 +292,9 @@ class _WsgiServer:
     def __init__(self, database_url: str) -> None:
         from werkzeug.serving import make_server
 
-        from sftq_server.api import make_jobs_api
-        from sftq_server.settings import Settings
-        from sftq_server.web import wsgi_app
+        from sftq_server.core.settings import Settings
+        from sftq_server.http.apps import make_jobs_api
+        from sftq_server.http.web import wsgi_app
 
         self.app = make_jobs_api(Settings(database_url=database_url))
         self.server = make_server("127.0.0.1", 0, wsgi_app(self.app), threaded=True)

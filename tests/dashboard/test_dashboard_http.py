@@ -19,11 +19,11 @@ from dash_support import PAYLOAD, SECRETS, Api, Q, envelope
 from jsonschema import Draft202012Validator
 from werkzeug.test import Client, TestResponse
 
-from sftq_server.api import ApiApp, make_jobs_api
-from sftq_server.api_dashboard import CSP, STATIC_DIR
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.settings import Settings
-from sftq_server.web import wsgi_app
+from sftq_server.http.apps import ApiApp, make_jobs_api
+from sftq_server.http.routes.dashboard import CSP, STATIC_DIR
+from sftq_server.http.web import wsgi_app
 
 SPEC: dict[str, Any] = json.loads(
     (Path(__file__).resolve().parents[2] / "docs" / "openapi.json").read_text())

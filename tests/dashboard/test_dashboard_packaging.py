@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sftq_server.api_dashboard import STATIC_DIR
+from sftq_server.http.routes.dashboard import STATIC_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 

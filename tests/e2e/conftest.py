@@ -24,7 +24,7 @@ from typing import IO, Any
 import httpx
 import pytest
 
-from sftq_server.pgcluster import free_port  # the e2e tests import it from here
+from sftq_server.dev.pgcluster import free_port  # the e2e tests import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
 # Credentials or URLs from a developer's shell must not steer these tests.
@@ -308,7 +308,7 @@ def stop_embedded(data_dir: Path) -> None:
     outside the data dir that <data-dir>/pg links to."""
     pg = data_dir / "pg"
     if (pg / "pgdata").is_dir():
-        from sftq_server.pgcluster import LocalCluster
+        from sftq_server.dev.pgcluster import LocalCluster
 
         cluster = LocalCluster(pg, port=1)
         try:

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from conftest import clean_env, free_port, run_sftq
 
-from sftq_server.pgcluster import LocalCluster
+from sftq_server.dev.pgcluster import LocalCluster
 
 KEY = re.compile(r"sftq_[0-9a-f]{48}")
 

@@ -28,7 +28,7 @@ from conftest import (
     wait_until,
 )
 
-from sftq_server.pgcluster import BINARY_CACHE, LocalCluster
+from sftq_server.dev.pgcluster import BINARY_CACHE, LocalCluster
 
 AS_ROOT = os.geteuid() == 0
 
@@ -314,7 +314,7 @@ def _links_to(real_bindir: Path, folder: Path) -> Path:
 def test_a_folder_of_symlinks_copies_the_installation_it_points_into(tmp_path: Path) -> None:
     # Issue 18.1: SFTQ_PG_BINDIR=~/bin holding links to the real binaries. A copy takes the
     # installation the links lead to, never the folder around the links (~, with everything).
-    from sftq_server.pgcluster import _copy_for_postgres
+    from sftq_server.dev.pgcluster import _copy_for_postgres
 
     real = _fake_installation(tmp_path / "opt" / "pg16")
     home = tmp_path / "home"
@@ -335,7 +335,7 @@ def test_a_folder_of_symlinks_copies_the_installation_it_points_into(tmp_path: P
 def test_binaries_that_are_not_one_installation_are_refused_naming_sftq_pg_bindir(
     tmp_path: Path,
 ) -> None:
-    from sftq_server.pgcluster import ClusterError, _copy_for_postgres, installation_root
+    from sftq_server.dev.pgcluster import ClusterError, _copy_for_postgres, installation_root
 
     real = _fake_installation(tmp_path / "pg")
     assert installation_root(_links_to(real, tmp_path / "ok")) == real.parent.resolve()

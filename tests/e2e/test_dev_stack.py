@@ -123,7 +123,7 @@ def test_embedded_stack_runs_stops_cleanly_and_restarts_with_its_state(
     values = dev.wait_ready()
 
     # stdout is exactly the KEY=value lines, in order (the documented five first), then ready.
-    from sftq_server.devenv import ENV_NAMES as printed
+    from sftq_server.dev.envfile import ENV_NAMES as printed
 
     names = [ln.split("=", 1)[0] for ln in dev.lines[:-1]]
     assert names == list(printed) and names[: len(ENV_NAMES)] == list(ENV_NAMES)
@@ -339,7 +339,7 @@ def test_serve_runs_just_the_gateway(db_url: str) -> None:
     argv = (
         sftq_argv(*args)
         if "serve" in SERVER_COMMANDS
-        else [sys.executable, "-m", "sftq_server.cli_dev", *args]
+        else [sys.executable, "-m", "sftq_server.cli.dev", *args]
     )
     proc = subprocess.Popen(
         argv, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -70,7 +70,7 @@ def test_cli_and_client_docs_say_a_running_job_is_cancelled_at_once() -> None:
 def test_operations_md_disables_users_with_the_admin_commands() -> None:
     # Issue 18.7: `sftq admin disable-user` / `enable-user`, not SQL by hand, with what happens
     # to the user's jobs said as docs/dev.md and `disable-user --help` (admin.DISABLE_HELP) say it.
-    from sftq_server.admin import DISABLE_HELP
+    from sftq_server.dev.admin import DISABLE_HELP
 
     text = (ROOT / "docs" / "operations.md").read_text()
     start = text.index("### Revoking a key, disabling a user")

@@ -19,12 +19,12 @@ from fn_support import Api, Db, FakeProvider
 from pytest_postgresql.janitor import DatabaseJanitor
 from werkzeug.test import Client
 
-from sftq_server.api import ApiApp, make_analytics_api, make_jobs_api
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.gateway import Gateway, make_gateway
-from sftq_server.pgcluster import LocalCluster
-from sftq_server.settings import Settings
-from sftq_server.web import wsgi_app
+from sftq_server.dev.pgcluster import LocalCluster
+from sftq_server.http.apps import ApiApp, make_analytics_api, make_jobs_api
+from sftq_server.http.gateway import Gateway, make_gateway
+from sftq_server.http.web import wsgi_app
 
 _shared_counter = itertools.count()
 

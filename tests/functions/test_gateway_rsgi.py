@@ -1,4 +1,4 @@
-"""The RSGI gateway (sftq_server.gateway_rsgi), driven in-process with a stand-in for granian's
+"""The RSGI gateway (sftq_server.http.gateway_rsgi), driven in-process with a stand-in for granian's
 protocol object: POST /jobs answers exactly as the WSGI gateway does, every other request is
 bridged to the WSGI gateway faithfully, and the event-loop group commit keeps each request's
 own answer. tests/infra/test_container.py runs the same app under the real granian."""
@@ -17,11 +17,11 @@ import pytest
 from fn_support import SFT_PAYLOAD, Db, FakeProvider
 from werkzeug.test import Client
 
-from sftq_server.errors import BadRequest, SftqError, Unavailable
-from sftq_server.gateway import JOBS_PREFIX, make_gateway
-from sftq_server.gateway_rsgi import RsgiGateway, WsgiBridge
-from sftq_server.group_commit import AsyncGroupCommit, Params
-from sftq_server.settings import Settings
+from sftq_server.core.errors import BadRequest, SftqError, Unavailable
+from sftq_server.core.settings import Settings
+from sftq_server.http.gateway import JOBS_PREFIX, make_gateway
+from sftq_server.http.gateway_rsgi import RsgiGateway, WsgiBridge
+from sftq_server.http.group_commit import AsyncGroupCommit, Params
 
 # ---- a stand-in for granian's RSGI scope and protocol ------------------------------------
 

@@ -1,4 +1,4 @@
-"""Group commit of POST /jobs (sftq_server.group_commit): requests that arrive together share
+"""Group commit of POST /jobs (sftq_server.http.group_commit): requests that arrive together share
 one transaction, and each keeps its own answer, its own Idempotency-Key and its own place in
 the FIFO order."""
 
@@ -15,14 +15,14 @@ import pytest
 from fn_support import SFT_PAYLOAD, Api, Db
 from werkzeug.test import Client
 
-from sftq_server import pg_arrays
-from sftq_server.api import make_jobs_api
+from sftq_server.core.errors import Conflict, SftqError, Unauthorized
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.errors import Conflict, SftqError, Unauthorized
-from sftq_server.group_commit import GroupCommit, Params, _Request
-from sftq_server.pg_arrays import array_length
-from sftq_server.settings import Settings
-from sftq_server.web import wsgi_app
+from sftq_server.db import arrays as pg_arrays
+from sftq_server.db.arrays import array_length
+from sftq_server.http.apps import make_jobs_api
+from sftq_server.http.group_commit import GroupCommit, Params, _Request
+from sftq_server.http.web import wsgi_app
 
 PAYLOAD = json.dumps(SFT_PAYLOAD, separators=(",", ":"))
 
@@ -142,7 +142,7 @@ def test_a_batch_stores_every_text_exactly(db_url: str, db: Db) -> None:
 
 
 def test_packed_arrays_reach_the_database_as_psycopgs_own_lists_do(db: Db) -> None:
-    # sftq_server.pg_arrays packs the batch's arrays itself; each must arrive exactly as
+    # sftq_server.db.arrays packs the batch's arrays itself; each must arrive exactly as
     # psycopg's list dumper would have sent it, NULL elements and empty arrays included.
     texts = ['q"uote', None, "", "caf\u00e9 \U0001f680", "{a,b}", "NULL"]
     cases = [

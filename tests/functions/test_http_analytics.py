@@ -3,6 +3,7 @@ through the separate read-only analytics function (also on a read-only database)
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -11,11 +12,11 @@ import pytest
 from fn_support import Api, Db, assert_error
 from werkzeug.test import Client
 
-from sftq_server.api import ApiApp, make_analytics_api
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.models import JobAnalytics, QueueContext, Summary
-from sftq_server.settings import Settings
-from sftq_server.web import wsgi_app
+from sftq_server.http.apps import ApiApp, make_analytics_api
+from sftq_server.http.models import JobAnalytics, QueueContext, Summary
+from sftq_server.http.web import wsgi_app
 
 QUEUE_KEYS = {"your_progress_job", "your_queued_jobs", "global_queue_depth",
               "global_progress_count", "global_gpu_in_use"}
@@ -222,7 +223,9 @@ def read_only_url(db_url: str) -> str:
 def replica_analytics(settings: Settings, read_only_url: str,
                       monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Api, ApiApp]]:
     monkeypatch.setenv("ANALYTICS_DATABASE_URL", read_only_url)
-    app = make_analytics_api(settings)
+    # The one Settings object reads the variable, as the function's entry point does.
+    from_env = Settings.from_env().analytics_database_url
+    app = make_analytics_api(dataclasses.replace(settings, analytics_database_url=from_env))
     try:
         yield Api(Client(wsgi_app(app))), app
     finally:

@@ -9,12 +9,13 @@ import pytest
 from fn_support import Api, Db, FakeProvider, assert_error
 from werkzeug.test import Client
 
-from sftq_server.api import CANCEL_PENDING_MESSAGE, make_jobs_api
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
+from sftq_server.http.apps import make_jobs_api
+from sftq_server.http.routes.jobs import CANCEL_PENDING_MESSAGE
+from sftq_server.http.web import wsgi_app
 from sftq_server.provider import FireworksClient, Rejected, Transient
-from sftq_server.settings import Settings
 from sftq_server.simulator import Simulator, SimulatorServer
-from sftq_server.web import wsgi_app
 
 RFT_PAYLOAD = {"dataset": "d", "evaluator": "e",
                "inferenceParameters": {"responseCandidatesCount": 4}}

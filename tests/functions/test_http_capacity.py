@@ -14,11 +14,11 @@ from fn_support import Api, Db, assert_error
 from test_http_openapi import Conformance
 from werkzeug.test import Client
 
-from sftq_server.api import ApiApp, make_jobs_api
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.models import Capacity
-from sftq_server.settings import Settings
-from sftq_server.web import wsgi_app
+from sftq_server.http.apps import ApiApp, make_jobs_api
+from sftq_server.http.models import Capacity
+from sftq_server.http.web import wsgi_app
 
 PER_USER_SQL = """
 SELECT u.name, u.max_running,

@@ -1,6 +1,6 @@
 # ruff: noqa: E501  (the contract's lines are copied verbatim, long ones included)
 """Through a real server on loopback: the gateway in its own process (`python -m
-sftq_server.gateway`), every curl line of the contract run verbatim with bash, and the
+sftq_server.http.gateway`), every curl line of the contract run verbatim with bash, and the
 contract's Python snippet, then a clean exit on SIGTERM.
 
 The snippets below are copied verbatim from the contract; only `<id>` / `<job_id>` are
@@ -167,7 +167,7 @@ def live(db_url: str, db: Db, alice: str) -> Iterator[Live]:
     env |= {"DATABASE_URL": db_url, "PYTHONPATH": str(ROOT / "functions"),
             "SFTQ_DB_TIMEOUT_SECONDS": "2", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sftq_server.gateway", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", "sftq_server.http.gateway", "--host", "127.0.0.1", "--port", "0"],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         first = _read_first_line(proc, 60)

@@ -11,7 +11,7 @@ import pytest
 from fn_support import Api, Db, FakeProvider, assert_error
 from test_http_openapi import Conformance
 
-from sftq_server.models import EventPage
+from sftq_server.http.models import EventPage
 from sftq_server.provider import Transient
 
 EVENT_KEYS = {"id", "job_id", "type", "state", "message", "created_at", "data"}

@@ -21,8 +21,8 @@ from fn_support import Api, Db, FakeProvider, assert_error
 from werkzeug.test import Client
 
 from sftq_server import db as dbmod
-from sftq_server.gateway import make_gateway, make_server
-from sftq_server.settings import Settings, get_settings
+from sftq_server.core.settings import Settings, get_settings
+from sftq_server.http.gateway import make_gateway, make_server
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = "/functions/v1/jobs-api"
@@ -85,7 +85,8 @@ def test_bare_prefixes_and_unknown_paths_are_404_never_a_redirect(dbless_gw: Api
 
 def test_scheduler_tick_without_its_module_is_a_503(settings: Settings,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "sftq_server.tick_http", None)  # import fails as "missing"
+    # The import fails as "missing".
+    monkeypatch.setitem(sys.modules, "sftq_server.scheduler.http", None)
     gateway = make_gateway(settings)
     try:
         resp = Client(gateway).post("/functions/v1/scheduler-tick")
@@ -98,7 +99,7 @@ def test_scheduler_tick_without_its_module_is_a_503(settings: Settings,
 def test_scheduler_tick_mounts_make_tick_app(settings: Settings,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[str, str, Settings]] = []
-    module = types.ModuleType("sftq_server.tick_http")
+    module = types.ModuleType("sftq_server.scheduler.http")
 
     def make_tick_app(cfg: Settings) -> Any:
         def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
@@ -108,7 +109,7 @@ def test_scheduler_tick_mounts_make_tick_app(settings: Settings,
         return app
 
     module.make_tick_app = make_tick_app  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sftq_server.tick_http", module)
+    monkeypatch.setitem(sys.modules, "sftq_server.scheduler.http", module)
     gateway = make_gateway(settings)
     try:
         client = Client(gateway)
@@ -199,7 +200,7 @@ def test_functions_framework_writes_the_access_log(db_url: str) -> None:
     sets no logging up: the entry module must, or every request would go unrecorded."""
     import time
 
-    from sftq_server.pgcluster import free_port
+    from sftq_server.dev.pgcluster import free_port
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SFTQ_")}
@@ -238,8 +239,8 @@ def test_entry_points_import_little_at_load() -> None:
     code = (
         "import sys\n"
         "import jobs_api, analytics_api\n"
-        "heavy = [m for m in ('sftq_server.api', 'sftq_server.db', 'pydantic', 'psycopg',"
-        " 'psycopg_pool', 'httpx', 'flask') if m in sys.modules]\n"
+        "heavy = [m for m in ('sftq_server.http.routes.jobs', 'sftq_server.db', 'pydantic',"
+        " 'psycopg', 'psycopg_pool', 'httpx', 'flask') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
         "assert callable(jobs_api.jobs_api) and callable(analytics_api.analytics)\n"
     )
@@ -254,8 +255,9 @@ def test_serve_stops_cleanly_on_a_signal(sig: signal.Signals) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "functions"), "PYTHONUNBUFFERED": "1",
            # Never reached: the pools open on the first query, and this test sends none.
            "DATABASE_URL": "postgresql://unused.invalid/none"}
-    proc = subprocess.Popen([sys.executable, "-m", "sftq_server.gateway", "--port", "0"], env=env,
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "sftq_server.http.gateway", "--port", "0"],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()
@@ -277,7 +279,7 @@ def test_the_production_gateway_answers_501_on_the_stream_paths(
     """create_app() (granian in the container) sends streams to the jobs-stream service: a
     stream here would hold one of its few WSGI threads for up to an hour, so clients are told
     to poll; `sftq dev` and `sftq serve` (make_server) keep serving streams live."""
-    from sftq_server.gateway import create_app
+    from sftq_server.http.gateway import create_app
 
     monkeypatch.setenv("DATABASE_URL", settings.database_url)
     monkeypatch.setenv("SFTQ_TICK_SECRET", "s" * 40)

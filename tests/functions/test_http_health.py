@@ -12,13 +12,13 @@ import pytest
 from fn_support import SFT_PAYLOAD, Api, Db, FakeProvider, assert_error
 from werkzeug.test import Client
 
-from sftq_server.api import make_jobs_api
+from sftq_server.core.errors import SftqError
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.errors import SftqError
-from sftq_server.pgcluster import LocalCluster
+from sftq_server.dev.pgcluster import LocalCluster
+from sftq_server.http.apps import make_jobs_api
+from sftq_server.http.web import wsgi_app
 from sftq_server.provider import Transient
-from sftq_server.settings import Settings
-from sftq_server.web import wsgi_app
 
 
 def test_health_answers_ok(api: Api) -> None:

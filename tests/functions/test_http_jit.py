@@ -25,9 +25,9 @@ import pytest
 from fn_support import Api, Db, FakeProvider
 from werkzeug.test import Client
 
-from sftq_server.gateway import make_gateway
-from sftq_server.pgcluster import LocalCluster
-from sftq_server.settings import Settings
+from sftq_server.core.settings import Settings
+from sftq_server.dev.pgcluster import LocalCluster
+from sftq_server.http.gateway import make_gateway
 
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 JOBS = "/functions/v1/jobs-api"

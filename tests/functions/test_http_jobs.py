@@ -12,9 +12,9 @@ import pytest
 from fn_support import SFT_PAYLOAD, Api, Db, assert_error
 from werkzeug.test import Client
 
-from sftq_server.api import make_jobs_api
-from sftq_server.settings import Settings
-from sftq_server.web import wsgi_app
+from sftq_server.core.settings import Settings
+from sftq_server.http.apps import make_jobs_api
+from sftq_server.http.web import wsgi_app
 
 JOB_KEYS = {"id", "kind", "state", "display_name", "gpu_count", "created_at", "started_at",
             "completed_at", "error", "fireworks_job_name",

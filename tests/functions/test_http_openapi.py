@@ -16,12 +16,12 @@ from openapi_spec_validator import validate
 from pydantic import BaseModel
 from werkzeug.test import Client, TestResponse
 
-from sftq_server import models
-from sftq_server.api import ApiApp, make_jobs_api
-from sftq_server.errors import Unavailable
+from sftq_server.core.errors import Unavailable
+from sftq_server.core.settings import Settings
+from sftq_server.http import models as models
+from sftq_server.http.apps import ApiApp, make_jobs_api
+from sftq_server.http.web import wsgi_app
 from sftq_server.provider import Transient
-from sftq_server.settings import Settings
-from sftq_server.web import wsgi_app
 
 SPEC_PATH = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 SPEC: dict[str, Any] = json.loads(SPEC_PATH.read_text())

@@ -12,10 +12,10 @@ from fn_support import SFT_PAYLOAD, Api, Db, FakeProvider, assert_error
 from test_http_openapi import Conformance
 from werkzeug.test import Client
 
-from sftq_server.api import make_jobs_api
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.settings import Settings
-from sftq_server.web import wsgi_app
+from sftq_server.http.apps import make_jobs_api
+from sftq_server.http.web import wsgi_app
 
 R = "/jobs/{id}/retry"
 

@@ -14,13 +14,13 @@ import pytest
 from fn_support import Api, Db
 from werkzeug.test import Client
 
-from sftq_server import api_listing
-from sftq_server.api import ApiApp, make_jobs_api
+from sftq_server.core.errors import Unavailable
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.errors import Unavailable
-from sftq_server.models import JobAnalytics, QueueContext
-from sftq_server.settings import Settings
-from sftq_server.web import wsgi_app
+from sftq_server.http.apps import ApiApp, make_jobs_api
+from sftq_server.http.models import JobAnalytics, QueueContext
+from sftq_server.http.routes import jobs as api_listing
+from sftq_server.http.web import wsgi_app
 
 NEW_ANALYTICS_FIELDS = ("queue_position", "waiting_reason", "estimated_start_at",
                         "estimated_finish_at", "estimate", "provider_state", "progress",

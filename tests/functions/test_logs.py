@@ -1,4 +1,4 @@
-"""sftq_server.logs: lines written in batches, none lost, and the servers set logging up."""
+"""sftq_server.core.logs: lines written in batches, none lost, and the servers set logging up."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sftq_server.logs import BatchedStreamHandler
+from sftq_server.core.logs import BatchedStreamHandler
 
 ROOT = Path(__file__).resolve().parents[2]
 

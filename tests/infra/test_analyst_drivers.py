@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from infra_support import ROOT, WANDB_SECRET, seed
 
-from sftq_server.cli_db import set_login_role
+from sftq_server.cli.db import set_login_role
 
 DOC = ROOT / "docs" / "analysts.md"
 PASSWORD = "analyst-driver-pass-0123456789"

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from infra_support import ROOT, SETTINGS, Runner, Served, cancel, sse_frames, user_key_and_job
 
-from sftq_server.pgcluster import free_port
+from sftq_server.dev.pgcluster import free_port
 
 DOCKERFILE = ROOT / "Dockerfile"
 TICK_SECRET = "container-tick-secret-0123456789abcdef"
@@ -62,7 +62,7 @@ def test_the_image_runs_the_recommended_server() -> None:
     argv = cmd()
     assert argv[0] == "granian"
     assert option(argv, "--interface") == "rsgi"
-    assert argv[-1] == "sftq_server.gateway_rsgi:create_app" and "--factory" in argv
+    assert argv[-1] == "sftq_server.http.gateway_rsgi:create_app" and "--factory" in argv
     assert option(argv, "--host") == "0.0.0.0"
     # docs/performance.md names the recommended layout ("granian --interface rsgi --workers N
     # ..."): the image runs exactly that.
@@ -365,7 +365,7 @@ def test_the_stream_service_streams_and_stops_within_cloud_runs_grace(
 
 def test_the_delivery_service_checks_the_tick_token(deploy: Runner, tmp_path: Path,
                                                     db_url: str) -> None:
-    from sftq_server.tick_http import tick_token
+    from sftq_server.scheduler.http import tick_token
 
     port = free_port()
     argv = service_argv(deploy, tmp_path, "webhook-deliver", port)

@@ -19,8 +19,8 @@ import psycopg
 import pytest
 from infra_support import DEPLOY
 
-from sftq_server import migrate
-from sftq_server.pgcluster import LocalCluster
+from sftq_server.db import migrate as migrate
+from sftq_server.dev.pgcluster import LocalCluster
 
 OWNER_PASSWORD = "owner-Pass-0a1b2c3d4e"
 API_PASSWORD = "api-Pass-9f8e7d6c5b4a3"

@@ -18,10 +18,10 @@ import psycopg
 import pytest
 from werkzeug.test import Client
 
-from sftq_server import migrate
-from sftq_server.gateway import make_gateway
-from sftq_server.pgcluster import LocalCluster
-from sftq_server.settings import Settings
+from sftq_server.core.settings import Settings
+from sftq_server.db import migrate as migrate
+from sftq_server.dev.pgcluster import LocalCluster
+from sftq_server.http.gateway import make_gateway
 
 DB = "replica_bound"
 BOUND = 3.0  # seconds; production default 120 s (see docs/reliability.md)

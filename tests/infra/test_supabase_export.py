@@ -15,8 +15,8 @@ import pytest
 from infra_support import ROOT
 from pytest_postgresql.janitor import DatabaseJanitor
 
-from sftq_server import migrate
-from sftq_server.pgcluster import LocalCluster
+from sftq_server.db import migrate as migrate
+from sftq_server.dev.pgcluster import LocalCluster
 
 PSQL = shutil.which("psql")
 EXPORTED = ROOT / "supabase" / "migrations"

@@ -36,9 +36,9 @@ import psycopg
 import pytest
 from infra_support import ROOT, Frame, sse_frames
 
-from sftq_server.gateway import make_server
-from sftq_server.pgcluster import free_port
-from sftq_server.settings import Settings
+from sftq_server.core.settings import Settings
+from sftq_server.dev.pgcluster import free_port
+from sftq_server.http.gateway import make_server
 from sftq_server.simulator import Simulator, SimulatorServer
 
 FUNCTIONS = ("jobs-api", "analytics", "scheduler-tick", "webhook-deliver")
@@ -145,7 +145,7 @@ def stack(deno: str, db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[S
             server.app.close()
 
     def open_streams() -> int:
-        # The gateway's streams (sftq_server.stream.WsgiStreams), once one was opened.
+        # The gateway's streams (sftq_server.stream.hub.WsgiStreams), once one was opened.
         streams = server.app._streams
         hub = None if streams is None else streams.hub
         return 0 if hub is None else int(hub.open_streams)

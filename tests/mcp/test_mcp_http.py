@@ -16,7 +16,6 @@ import httpx
 import mcp.types as types
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 PAYLOAD = {"baseModel": "accounts/fireworks/models/qwen3-14b",
            "dataset": "accounts/demo/datasets/mcp-http"}
@@ -29,7 +28,8 @@ def mcp_url(stack: Any) -> str:
 
 @asynccontextmanager
 async def http_session(stack: Any, key: str | None = None) -> AsyncIterator[ClientSession]:
-    client = create_mcp_http_client(headers={"Authorization": f"Bearer {key or stack.key}"})
+    client = httpx.AsyncClient(headers={"Authorization": f"Bearer {key or stack.key}"},
+                               timeout=httpx.Timeout(30, read=300))
     async with client, streamable_http_client(mcp_url(stack), http_client=client) as (
             read, write, _), ClientSession(read, write) as session:
         await session.initialize()
@@ -226,7 +226,7 @@ def test_the_deployed_entry_point_serves_the_same_tools(stack: Any,
 
 def test_the_images_server_serves_it_on_its_event_loop(stack: Any, tmp_path: Any) -> None:
     # The Dockerfile's command (granian RSGI, sftq_server.gateway_rsgi) on the stack's
-    # database: the MCP endpoint runs on granian's loop (mcp_http.RsgiMcp), progress streamed.
+    # database: the MCP endpoint runs on granian's loop (sftq_server.http.mcp.RsgiMcp), progress streamed.
     import shutil
     import subprocess
     import sys

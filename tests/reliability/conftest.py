@@ -19,8 +19,8 @@ import pytest
 from pytest_postgresql.janitor import DatabaseJanitor
 from rel_support import ACCOUNT, FaultySim, GatewayThread
 
-from sftq_server.pgcluster import LocalCluster
-from sftq_server.settings import Settings
+from sftq_server.core.settings import Settings
+from sftq_server.dev.pgcluster import LocalCluster
 from sftq_server.simulator import SimulatorServer
 
 _FIGURES: dict[str, dict[str, Any]] = {}

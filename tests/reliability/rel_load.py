@@ -39,10 +39,10 @@ from rel_support import (
     transition_violations,
 )
 
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
 from sftq_server.provider import FireworksClient
-from sftq_server.scheduler import run_tick
-from sftq_server.settings import Settings
+from sftq_server.scheduler.tick import run_tick
 
 
 @dataclass

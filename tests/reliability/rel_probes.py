@@ -39,9 +39,9 @@ from rel_support import (
 )
 
 from sftq_server.db import Database
-from sftq_server.pgcluster import free_port
+from sftq_server.dev.pgcluster import free_port
 from sftq_server.provider import FireworksClient
-from sftq_server.scheduler import run_tick
+from sftq_server.scheduler.tick import run_tick
 
 JOBS = "/functions/v1/jobs-api"
 ANALYTICS = "/functions/v1/analytics"
@@ -501,11 +501,12 @@ def log_scenario(db_url: str, make_sim: Any, make_gateway: Any, tmp_path: Path, 
 
 
 def _served_gateway_output(db_url: str, sim_url: str, key: str, cwd: Path) -> str:
-    """`python -m sftq_server.gateway` as deployed, logging to stderr; a few requests that log
+    """`python -m sftq_server.http.gateway` as deployed, logging to stderr; a few requests that log
     (an enqueue with secrets, a refused key, a wrong and a right tick secret, a cancel)."""
     port = free_port()
     env = tick_env(db_url, sim_url, FIREWORKS_API_KEY=FW_KEY, SFTQ_TICK_SECRET=TICK_SECRET)
-    child = subprocess.Popen([sys.executable, "-m", "sftq_server.gateway", "--port", str(port)],
+    child = subprocess.Popen([sys.executable, "-m", "sftq_server.http.gateway",
+                              "--port", str(port)],
                              env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
     try:

@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl
 import httpx
 import psycopg
 
-from sftq_server.settings import Settings
+from sftq_server.core.settings import Settings
 from sftq_server.simulator import COLLECTIONS, TERMINAL_STATES, Simulator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -260,10 +260,10 @@ class FaultySim(Simulator):
 # --- the gateway on loopback ---------------------------------------------------------------------
 
 class GatewayThread:
-    """`sftq_server.gateway.make_server` serving on 127.0.0.1 in a thread; `stop()` ends it."""
+    """`sftq_server.http.gateway.make_server` serving on 127.0.0.1 in a thread; `stop()` ends it."""
 
     def __init__(self, settings: Any, provider_factory: Any = None) -> None:
-        from sftq_server.gateway import make_server
+        from sftq_server.http.gateway import make_server
 
         self.server = make_server("127.0.0.1", 0, settings, provider_factory=provider_factory)
         self.url = f"http://127.0.0.1:{self.server.port}"
@@ -887,7 +887,7 @@ def mini_faults(db_url: str, make_sim: Any, *, users: int = 6, lost_rate: float 
     after the first tick. The simulator and the jobs."""
     from sftq_server.db import Database
     from sftq_server.provider import FireworksClient
-    from sftq_server.scheduler import run_tick
+    from sftq_server.scheduler.tick import run_tick
 
     sim, server = make_sim(job_seconds=0, max_value=64, lost_rate=lost_rate, lost_seconds=0.6,
                            rng_seed=4)

@@ -42,12 +42,13 @@ from rel_support import (
 )
 from werkzeug.test import Client
 
-import sftq_server.api
-import sftq_server.scheduler
-import sftq_server.tick_http
-import sftq_server.web
+import sftq_server.core.tick_secret
+import sftq_server.http.apps
+import sftq_server.http.routes.jobs
+import sftq_server.http.web
+import sftq_server.scheduler.tick
 from sftq_server.db import Database
-from sftq_server.gateway import make_gateway as gateway_app
+from sftq_server.http.gateway import make_gateway as gateway_app
 
 SQL = Path(__file__).resolve().parents[2] / "sql"
 SHORT = LoadParams(seconds=4.0, clients=8, tickers=2, users=6, job_seconds=0.5, quota=12)
@@ -179,7 +180,7 @@ def test_created_once_check_catches_a_create_that_is_not_idempotent(
         figures: dict[str, Any]) -> None:
     if broken:
         # A fresh provider id per attempt: a create whose answer was lost is made again.
-        monkeypatch.setattr(sftq_server.scheduler, "provider_job_id",
+        monkeypatch.setattr(sftq_server.scheduler.tick, "provider_job_id",
                             lambda job_id: "sftq-" + uuid.uuid4().hex)
     sim, _ = mini_faults(db_url, make_sim, lost_rate=0.5, ticks=5)
     with connect(db_url) as conn:
@@ -233,7 +234,7 @@ def _hostile_client(db_url: str) -> tuple[Any, str]:
 def test_hostile_body_check_catches_a_5xx(
         db_url: str, monkeypatch: pytest.MonkeyPatch, figures: dict[str, Any]) -> None:
     # The NUL check skipped: PostgreSQL refuses \u0000 in jsonb and the answer is a 500.
-    monkeypatch.setattr(sftq_server.api, "_has_nul", lambda value: False)
+    monkeypatch.setattr(sftq_server.http.routes.jobs, "_has_nul", lambda value: False)
     app, key = _hostile_client(db_url)
     try:
         problems, _ = body_problems(Client(app), key)
@@ -244,7 +245,7 @@ def test_hostile_body_check_catches_a_5xx(
 
 def test_envelope_check_catches_another_error_shape(
         db_url: str, monkeypatch: pytest.MonkeyPatch, figures: dict[str, Any]) -> None:
-    monkeypatch.setattr(sftq_server.web, "error_body",
+    monkeypatch.setattr(sftq_server.http.web, "error_body",
                         lambda message, code, details=None: b'{"message": "%s"}' % code.encode())
     app, key = _hostile_client(db_url)
     try:
@@ -280,7 +281,7 @@ def test_timing_check_catches_a_lookup_that_compares_character_by_character(
     with connect(db_url) as conn:
         (user,) = make_users(conn, 1)
     real = user.keys[0]
-    honest = sftq_server.api.authenticate
+    honest = sftq_server.http.routes.analytics.authenticate
 
     def leaky(request: Any) -> bytes:
         # An early-exit comparison with a real key, each matching character costing ~10 us.
@@ -293,11 +294,11 @@ def test_timing_check_catches_a_lookup_that_compares_character_by_character(
                 pass
         return bytes(honest(request))
 
-    monkeypatch.setattr(sftq_server.api, "authenticate", leaky)
-    app = sftq_server.api.make_jobs_api(rel_settings(db_url, "http://127.0.0.1:9"),
+    monkeypatch.setattr(sftq_server.http.routes.analytics, "authenticate", leaky)
+    app = sftq_server.http.apps.make_jobs_api(rel_settings(db_url, "http://127.0.0.1:9"),
                                         db=Database(db_url, max_size=1, timeout=5.0))
     try:
-        timing = measure_key_lookup(Client(sftq_server.web.wsgi_app(app)), real, 600)
+        timing = measure_key_lookup(Client(sftq_server.http.web.wsgi_app(app)), real, 600)
     finally:
         app.close()
     assert timing.leaks, vars(timing)
@@ -307,7 +308,7 @@ def test_timing_check_catches_a_lookup_that_compares_character_by_character(
 def test_tick_secret_check_catches_a_prefix_comparison(
         db_url: str, make_sim: Any, make_gateway: Any, monkeypatch: pytest.MonkeyPatch,
         figures: dict[str, Any]) -> None:
-    monkeypatch.setattr(sftq_server.tick_http.hmac, "compare_digest",
+    monkeypatch.setattr(sftq_server.core.tick_secret.hmac, "compare_digest",
                         lambda given, secret: bool(given) and secret.startswith(given))
     world = build_world(db_url, make_sim, make_gateway, faults=False)
     problems, _ = tick_secret_problems(world)
@@ -328,13 +329,13 @@ def test_log_check_catches_a_body_written_to_the_log(
         db_url: str, make_sim: Any, make_gateway: Any, tmp_path: Path,
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
         figures: dict[str, Any]) -> None:
-    honest = sftq_server.api.parse_submit
+    honest = sftq_server.http.routes.jobs.parse_submit
 
     def chatty(body: bytes) -> Any:
         logging.getLogger("sftq.api").debug("submit body: %s", body.decode())
         return honest(body)
 
-    monkeypatch.setattr(sftq_server.api, "parse_submit", chatty)
+    monkeypatch.setattr(sftq_server.http.routes.jobs, "parse_submit", chatty)
     capture_every_logger(caplog)
     outputs, secrets = log_scenario(db_url, make_sim, make_gateway, tmp_path, children=False)
     found = leaks({"captured log records": caplog.text, **outputs}, secrets)

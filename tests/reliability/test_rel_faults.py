@@ -57,11 +57,11 @@ from rel_support import (
     transition_violations,
 )
 
+from sftq_server.core.errors import SftqError
 from sftq_server.db import Database
-from sftq_server.errors import SftqError
-from sftq_server.pgcluster import LocalCluster
+from sftq_server.dev.pgcluster import LocalCluster
 from sftq_server.provider import FireworksClient
-from sftq_server.scheduler import run_tick
+from sftq_server.scheduler.tick import run_tick
 from sftq_server.simulator import TERMINAL_STATES
 
 QUOTA = 16

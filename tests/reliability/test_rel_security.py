@@ -36,9 +36,9 @@ from rel_support import (
 )
 from werkzeug.test import Client
 
-from sftq_server.api import make_jobs_api
 from sftq_server.db import Database
-from sftq_server.web import wsgi_app
+from sftq_server.http.apps import make_jobs_api
+from sftq_server.http.web import wsgi_app
 
 
 def test_other_users_jobs_are_404_in_every_state(db_url: str, make_sim: Any, make_gateway: Any,
@@ -116,7 +116,7 @@ def test_secrets_never_reach_the_logs(db_url: str, make_sim: Any, make_gateway: 
                     "secrets_searched": len(secrets)})
     # The run really logged: access lines, scheduler warnings, provider debug lines, children.
     assert len(records) >= 100, by_logger
-    for name in ("sftq.access", "sftq_server.scheduler", "sftq_server.provider"):
+    for name in ("sftq.access", "sftq_server.scheduler.tick", "sftq_server.provider"):
         assert name in by_logger, by_logger
     assert "tick" in outputs["sftq tick -v #0"] and "jobs-api" in outputs["served gateway"]
     found = leaks(texts, secrets)

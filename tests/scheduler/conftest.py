@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from sched_support import ACCOUNT, API_KEY, TICK_SECRET, RecordingSimulator
 
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
 from sftq_server.provider import FireworksClient
-from sftq_server.scheduler import run_tick
-from sftq_server.settings import Settings
+from sftq_server.scheduler.tick import run_tick
 from sftq_server.simulator import SimulatorServer
 
 

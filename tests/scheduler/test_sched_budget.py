@@ -20,10 +20,10 @@ from sched_support import (
     state,
 )
 
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
 from sftq_server.provider import FireworksClient, ProviderJob
-from sftq_server.scheduler import run_tick
-from sftq_server.settings import Settings
+from sftq_server.scheduler.tick import run_tick
 
 Conn = psycopg.Connection[Any]
 

@@ -25,11 +25,11 @@ from sched_support import (
     state,
 )
 
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.pgcluster import free_port
-from sftq_server.settings import Settings
+from sftq_server.dev.pgcluster import free_port
+from sftq_server.scheduler.http import make_tick_app
 from sftq_server.simulator import SimulatorServer
-from sftq_server.tick_http import make_tick_app
 
 Conn = psycopg.Connection[Any]
 

@@ -30,9 +30,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from sftq_server import migrate
-from sftq_server.pgcluster import LocalCluster
-from sftq_server.tick_http import bearer_ok
+from sftq_server.db import migrate as migrate
+from sftq_server.dev.pgcluster import LocalCluster
+from sftq_server.scheduler.http import bearer_ok
 
 Conn = psycopg.Connection[Any]
 CRON = Path(__file__).resolve().parents[2] / "cron"

@@ -33,11 +33,11 @@ from sched_support import (
 )
 
 from sftq_server import db as sql
+from sftq_server.core.errors import Unavailable
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.errors import Unavailable
 from sftq_server.provider import FireworksClient, ProviderJob, Transient
-from sftq_server.scheduler import MAX_CONSECUTIVE_TRANSIENT, run_tick
-from sftq_server.settings import Settings
+from sftq_server.scheduler.tick import MAX_CONSECUTIVE_TRANSIENT, run_tick
 from sftq_server.simulator import SimulatorServer
 
 Conn = psycopg.Connection[Any]
@@ -180,7 +180,7 @@ def test_database_gone_mid_tick_lease_expires(conn: Conn, sim: RecordingSimulato
 
 def test_begin_without_database_raises_unavailable(provider: FireworksClient,
                                                    settings: Settings) -> None:
-    from sftq_server.pgcluster import free_port
+    from sftq_server.dev.pgcluster import free_port
 
     nowhere = Database(f"postgresql://postgres@127.0.0.1:{free_port()}/none", timeout=1.0)
     try:

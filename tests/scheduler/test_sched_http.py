@@ -14,11 +14,11 @@ import pytest
 from sched_support import API_KEY, TICK_SECRET, RecordingSimulator, create_user, enqueue, state
 
 from sftq_server import db as sql
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.pgcluster import free_port
+from sftq_server.dev.pgcluster import free_port
 from sftq_server.provider import FireworksClient
-from sftq_server.settings import Settings
-from sftq_server.tick_http import (
+from sftq_server.scheduler.http import (
     TickApp,
     TickSecretError,
     make_tick_app,
@@ -135,8 +135,8 @@ def test_default_provider_comes_from_settings(conn: Conn, sim: RecordingSimulato
 def framework_client(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> Iterator[Any]:
     import functions_framework
 
+    from sftq_server.core.settings import get_settings
     from sftq_server.db import get_database
-    from sftq_server.settings import get_settings
 
     for key, value in {"DATABASE_URL": settings.database_url, "SFTQ_TICK_SECRET": TICK_SECRET,
                        "FIREWORKS_BASE_URL": settings.fireworks_base_url,
@@ -257,8 +257,8 @@ def test_hosts_refuse_to_start_with_a_short_secret(monkeypatch: pytest.MonkeyPat
                                                    settings: Settings) -> None:
     import functions_framework
 
-    from sftq_server import gateway
-    from sftq_server.settings import get_settings
+    from sftq_server.core.settings import get_settings
+    from sftq_server.http import gateway as gateway
 
     monkeypatch.setenv("DATABASE_URL", settings.database_url)
     monkeypatch.setenv("SFTQ_TICK_SECRET", "only-twenty-characters")

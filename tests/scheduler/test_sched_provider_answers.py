@@ -27,13 +27,13 @@ from sched_support import (
 )
 from werkzeug.test import Client
 
-from sftq_server.api import make_jobs_api
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
+from sftq_server.http.apps import make_jobs_api
+from sftq_server.http.web import wsgi_app
 from sftq_server.provider import FireworksClient, ProviderJob, Transient
-from sftq_server.scheduler import run_tick
-from sftq_server.settings import Settings
+from sftq_server.scheduler.tick import run_tick
 from sftq_server.simulator import SimulatorServer
-from sftq_server.web import wsgi_app
 
 Conn = psycopg.Connection[Any]
 CREATE_SFT = r"/supervisedFineTuningJobs$"
@@ -466,7 +466,7 @@ def test_an_unknown_state_leaves_the_job_is_logged_once_and_counted(
     odd, plain = (enqueue(conn, create_user(conn, n)) for n in ("alice", "bob"))
     tick()
     _rules(sim, _job_rule(odd, {"state": "JOB_STATE_WARMING_UP"}))
-    caplog.set_level(logging.WARNING, logger="sftq_server.scheduler")
+    caplog.set_level(logging.WARNING, logger="sftq_server.scheduler.tick")
     for _ in range(3):
         result = tick()
         assert result["unknown_states"] == 1 and result["status"] == "ok"

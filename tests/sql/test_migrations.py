@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from pytest_postgresql.janitor import DatabaseJanitor
 
-from sftq_server import migrate
-from sftq_server.pgcluster import LocalCluster
+from sftq_server.db import migrate as migrate
+from sftq_server.dev.pgcluster import LocalCluster
 
 
 @pytest.fixture

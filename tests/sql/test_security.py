@@ -201,7 +201,7 @@ def test_a_changed_policy_is_put_back(conn: Conn) -> None:
 def test_a_non_superuser_migrator_like_supabases_postgres(pg_cluster: Any) -> None:
     """Supabase's `postgres` is not a superuser: it must still hand the functions to
     sftq_definer, replace them on a later migrate, and end with a working API."""
-    from sftq_server import migrate
+    from sftq_server.db import migrate as migrate
 
     procedures = sorted((GRANTS.parent / "procedures").glob("*.sql"))
     with psycopg.connect(pg_cluster.url, autocommit=True) as admin:

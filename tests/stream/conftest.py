@@ -5,6 +5,7 @@ and through the `sftq dev` gateway (werkzeug); clients read it with httpx-sse.""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -14,10 +15,10 @@ import psycopg
 import pytest
 from stream_support import Sql
 
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.pgcluster import free_port
-from sftq_server.settings import Settings
-from sftq_server.stream import StreamApp, StreamHub, StreamSettings
+from sftq_server.dev.pgcluster import free_port
+from sftq_server.stream.hub import StreamApp, StreamHub, StreamSettings
 
 FAST = StreamSettings(heartbeat_seconds=0.5, max_seconds=30.0, poll_ms=100.0,
                       refresh_seconds=1.0)
@@ -89,7 +90,7 @@ class GatewayServer:
     """The `sftq dev` gateway (werkzeug, threaded) on 127.0.0.1 in a thread."""
 
     def __init__(self, settings: Settings) -> None:
-        from sftq_server.gateway import make_server
+        from sftq_server.http.gateway import make_server
 
         self.server = make_server("127.0.0.1", 0, settings, provider_factory=lambda: None)
         self.base = f"http://127.0.0.1:{self.server.port}"
@@ -110,7 +111,8 @@ def gateway(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gat
     monkeypatch.setenv("SFTQ_STREAM_HEARTBEAT_SECONDS", "0.5")
     monkeypatch.setenv("SFTQ_STREAM_POLL_MS", "100")
     monkeypatch.setenv("SFTQ_STREAM_MAX_SECONDS", "30")
-    server = GatewayServer(settings)
+    # The one Settings object reads SFTQ_STREAM_*, as a gateway started from the env does.
+    server = GatewayServer(dataclasses.replace(settings, stream=StreamSettings.from_env()))
     try:
         yield server
     finally:

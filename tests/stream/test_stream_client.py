@@ -126,8 +126,8 @@ def test_cli_wait_polls_where_the_server_does_not_stream(settings, sql: Sql,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from werkzeug.serving import make_server
 
-    from sftq_server.api import make_jobs_api
-    from sftq_server.web import wsgi_app
+    from sftq_server.http.apps import make_jobs_api
+    from sftq_server.http.web import wsgi_app
 
     key = sql.user("alice")
     job = sql.enqueue("alice")

@@ -205,8 +205,8 @@ def test_the_gateway_serves_the_stream_at_the_same_paths(gateway, sql: Sql) -> N
 def test_wsgi_only_jobs_api_answers_501_on_the_stream_paths(settings, sql: Sql) -> None:
     from werkzeug.test import Client
 
-    from sftq_server.api import make_jobs_api
-    from sftq_server.web import wsgi_app
+    from sftq_server.http.apps import make_jobs_api
+    from sftq_server.http.web import wsgi_app
 
     key = sql.user("alice")
     job = sql.enqueue("alice")

@@ -13,7 +13,7 @@ from stream_support import Sql
 
 from sftq_server import db as dbmod
 from sftq_server.db import Database
-from sftq_server.stream import StreamHub
+from sftq_server.stream.hub import StreamHub
 
 
 def registered(sql: Sql, hub: StreamHub, key: str) -> int:

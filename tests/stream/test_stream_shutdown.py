@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from sftq_server.stream import WsgiStreams, _in_loop
+from sftq_server.stream.hub import WsgiStreams, _in_loop
 
 
 def test_a_task_started_just_before_the_loop_stops_is_finished_not_abandoned() -> None:

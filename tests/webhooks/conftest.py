@@ -23,10 +23,10 @@ from werkzeug.test import Client  # noqa: E402
 from wh_support import WEBHOOKS_KEY, Connections, FakeResolver, Receiver  # noqa: E402
 
 from sftq_server import webhooks  # noqa: E402
-from sftq_server.api import ApiApp, make_jobs_api  # noqa: E402
+from sftq_server.core.settings import Settings  # noqa: E402
 from sftq_server.db import Database  # noqa: E402
-from sftq_server.settings import Settings  # noqa: E402
-from sftq_server.web import wsgi_app  # noqa: E402
+from sftq_server.http.apps import ApiApp, make_jobs_api  # noqa: E402
+from sftq_server.http.web import wsgi_app  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

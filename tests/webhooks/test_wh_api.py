@@ -15,7 +15,7 @@ from fn_support import Api, Db, assert_error
 from wh_support import PUBLIC_IP, WEBHOOKS_KEY, FakeResolver, Receiver, secret_bytes
 
 from sftq_server import webhooks
-from sftq_server.settings import Settings
+from sftq_server.core.settings import Settings
 
 URL = "https://hooks.example.com/finetune"
 
@@ -266,7 +266,11 @@ def test_dev_mode_accepts_loopback_and_http(dev_api: Api, alice: str,
 
 
 def test_the_json_answers_are_the_documented_models(api: Api, alice: str, public: Any) -> None:
-    from sftq_server.api_webhooks import WebhookDelivery, WebhookEndpoint, WebhookEndpointCreated
+    from sftq_server.http.routes.webhooks import (
+        WebhookDelivery,
+        WebhookEndpoint,
+        WebhookEndpointCreated,
+    )
 
     created = create(api, alice, url=URL, events=["job.*"]).json
     WebhookEndpointCreated.model_validate(created)

@@ -28,11 +28,11 @@ from sftq_client import AsyncClient, Client, cli
 from sftq_client.errors import APIConnectionError, BadRequest, NotFound
 from sftq_client.webhooks import WebhookVerificationError, sign_webhook, verify_webhook
 from sftq_server import webhooks
-from sftq_server.api import make_jobs_api
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.pgcluster import free_port
-from sftq_server.settings import Settings
-from sftq_server.web import wsgi_app
+from sftq_server.dev.pgcluster import free_port
+from sftq_server.http.apps import make_jobs_api
+from sftq_server.http.web import wsgi_app
 
 BASE = "http://jobs.test/functions/v1/jobs-api"
 ROOT = Path(__file__).resolve().parents[2]

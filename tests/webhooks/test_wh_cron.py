@@ -21,8 +21,8 @@ import pytest
 from fn_support import Db
 
 from sftq_server import webhooks
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.settings import Settings
 
 CRON = Path(__file__).resolve().parents[2] / "cron"
 PSQL = shutil.which("psql")

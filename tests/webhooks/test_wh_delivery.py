@@ -28,7 +28,7 @@ from wh_support import (
 )
 
 from sftq_server import webhooks
-from sftq_server.settings import Settings
+from sftq_server.core.settings import Settings
 
 MakeDeliverer = Callable[..., webhooks.Deliverer]
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from wh_support import Receiver, verify
 
-from sftq_server.pgcluster import free_port
+from sftq_server.dev.pgcluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e

@@ -123,7 +123,7 @@ def test_sigkill_between_commit_and_send_and_between_send_and_record_loses_nothi
 
     # 3. The real worker, once those leases run out, delivers everything again.
     held.set()
-    worker = Proc([sys.executable, "-m", "sftq_server.cli_dev", "deliver",
+    worker = Proc([sys.executable, "-m", "sftq_server.cli.dev", "deliver",
                    "--database-url", db_url, "--poll-interval", "0.1"], env)
     procs.append(worker)
     wait_until(lambda: db.one("SELECT count(*) FROM sftq.webhook_deliveries "

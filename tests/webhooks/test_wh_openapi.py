@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from werkzeug.test import TestResponse
 from wh_support import PUBLIC_IP, FakeResolver
 
-from sftq_server import api_webhooks
+from sftq_server.http.routes import webhooks as api_webhooks
 
 SPEC: dict[str, Any] = json.loads(
     (Path(__file__).resolve().parents[2] / "docs" / "openapi.json").read_text())

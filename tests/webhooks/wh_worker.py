@@ -15,8 +15,8 @@ import sys
 import threading
 import time
 
+from sftq_server.core.settings import Settings
 from sftq_server.db import Database
-from sftq_server.settings import Settings
 from sftq_server.webhooks import Answer, Claimed, Deliverer
 
 

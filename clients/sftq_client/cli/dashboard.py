@@ -13,7 +13,7 @@ import os
 import sys
 import webbrowser
 
-from .._client import _API_URL_SETTING, _Core
+from .._transport import API_URL_SETTING, Core
 from ..errors import ConfigurationError
 from ._common import EXIT_OK, CommandFactory, Context, err, out
 
@@ -23,11 +23,11 @@ def dashboard_url(api_url: str | None) -> str:
     if not api_url and os.environ.get("DASHBOARD_URL"):
         return os.environ["DASHBOARD_URL"].strip()
     # The same settings, in the same order, as every other command's client.
-    url = _Core._base_url_setting(api_url)
+    url = Core._base_url_setting(api_url)
     if not url or not url.strip():
         raise ConfigurationError(
-            f"no API URL: pass {_API_URL_SETTING.ways('cli')}", missing=(_API_URL_SETTING,))
-    return _Core._check_base_url_form(url) + "/dashboard"
+            f"no API URL: pass {API_URL_SETTING.ways('cli')}", missing=(API_URL_SETTING,))
+    return Core._check_base_url_form(url) + "/dashboard"
 
 
 def _has_browser() -> bool:

@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 from itertools import islice
 from typing import Any, Final
 
-from .._client import MIN_ID_PREFIX
-from .._stream import StreamUnavailable, wait_streaming
+from .._transport import MIN_ID_PREFIX
 from ..models import KINDS, STATES, CancelResult, Job, RetryResult
+from ..resources.stream import StreamUnavailable, wait_streaming
 from ._common import (
     EXIT_INTERRUPTED,
     EXIT_OK,

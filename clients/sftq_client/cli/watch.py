@@ -11,8 +11,8 @@ import time
 from datetime import UTC, datetime
 from typing import Final, TextIO
 
-from .._stream import StreamUnavailable, iter_stream
 from ..models import EndEvent, Job, ProgressEvent, QueueEvent, StatusEvent, StreamEvent
+from ..resources.stream import StreamUnavailable, iter_stream
 from ._common import (
     EXIT_OK,
     CommandFactory,

@@ -6,7 +6,7 @@ package's low-level server (explicit schemas, our own validation and error resul
 - stdio (``sftq mcp``, :func:`serve_stdio`): one client from SFTQ_API_KEY / SUPABASE_URL, and
   resource subscriptions: a subscribed resource is re-read every few seconds and a
   ``notifications/resources/updated`` goes out when it changed.
-- Streamable HTTP (the stack's ``/functions/v1/mcp``, served by sftq_server.mcp_http): a client
+- Streamable HTTP (the stack's ``/functions/v1/mcp``, served by sftq_server.http.mcp): a client
   per request, made from that request's bearer key, so each call acts as the key's user. It is
   stateless (any instance answers any request, as the functions are), so it has no standing
   stream to notify on and does not offer subscriptions.

@@ -17,10 +17,15 @@ One module per concept:
 
 from __future__ import annotations
 
-from .app import Simulator
-from .rules import DEFAULT_FAULT_STATUSES, DEFAULT_TIMEOUT_SECONDS, Faults, Rule
-from .server import SimulatorServer, main, serve
-from .state import (
+from sftq_server.simulator.app import Simulator
+from sftq_server.simulator.rules import (
+    DEFAULT_FAULT_STATUSES,
+    DEFAULT_TIMEOUT_SECONDS,
+    Faults,
+    Rule,
+)
+from sftq_server.simulator.server import SimulatorServer, main, serve
+from sftq_server.simulator.state import (
     CANCELLED,
     COLLECTIONS,
     COMPLETED,
@@ -28,7 +33,7 @@ from .state import (
     LIFECYCLE,
     TERMINAL_STATES,
 )
-from .validation import DEFAULT_GPUS, error_body, job_gpus, validate_payload
+from sftq_server.simulator.validation import DEFAULT_GPUS, error_body, job_gpus, validate_payload
 
 __all__ = [
     "CANCELLED",

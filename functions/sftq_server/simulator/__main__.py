@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from .server import main
+from sftq_server.simulator.server import main
 
 sys.exit(main())

@@ -10,9 +10,9 @@ from typing import Any
 from urllib.parse import parse_qsl
 from wsgiref.types import StartResponse, WSGIEnvironment
 
-from .rules import DEFAULT_TIMEOUT_SECONDS
-from .state import COLLECTIONS, TERMINAL_STATES, SimState
-from .validation import HttpError, error_body
+from sftq_server.simulator.rules import DEFAULT_TIMEOUT_SECONDS
+from sftq_server.simulator.state import COLLECTIONS, TERMINAL_STATES, SimState
+from sftq_server.simulator.validation import HttpError, error_body
 
 logger = logging.getLogger("sftq_server.simulator")
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .validation import error_body, integer, number, rate
+from sftq_server.simulator.validation import error_body, integer, number, rate
 
 DEFAULT_FAULT_STATUSES = (500, 503, 429)
 DEFAULT_TIMEOUT_SECONDS = 15.0

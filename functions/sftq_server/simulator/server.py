@@ -13,7 +13,7 @@ from types import FrameType, TracebackType
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from .app import Simulator
+from sftq_server.simulator.app import Simulator
 
 logger = logging.getLogger("sftq_server.simulator")
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .rules import DEFAULT_TIMEOUT_SECONDS, Faults
-from .validation import (
+from sftq_server.simulator.rules import DEFAULT_TIMEOUT_SECONDS, Faults
+from sftq_server.simulator.validation import (
     HttpError,
     integer,
     job_epochs,

@@ -70,7 +70,7 @@ export function pathBelow(name: string, pathname: string): string | null {
 }
 
 /** Is this one of jobs-api's two stream routes, GET /jobs/stream or GET /jobs/{id}/stream?
- *  The same rule as the Python side (sftq_server.stream_paths.parse_stream_path), so that the
+ *  The same rule as the Python side (sftq_server.stream.paths.parse_stream_path), so that the
  *  stream function receives exactly the requests it serves. */
 export function streamPath(method: string, rest: string): boolean {
   if (method !== "GET" && method !== "HEAD") return false;

@@ -1,0 +1,367 @@
+"""The jobs routes: submit, list, get, cancel and retry one's own jobs.
+
+Each request costs one database round trip (two for a cancel the provider confirms). The
+procedures (sql/procedures/100_api.sql) authenticate the key hash and answer the response body
+as JSON text; nothing here re-parses or re-shapes it. Python only refuses what it can refuse
+without the database (http/checks.py): a malformed key, an invalid body or query, a path id that
+is not a UUID.
+
+GET /jobs without `limit` or `cursor` is the contract's "all of your jobs": a heavy user has tens
+of thousands, so that answer is never built whole. It is read in keyset pages of STREAM_PAGE jobs
+(sftq.api_list_jobs, the same procedure as the paged form) and written page by page as one JSON
+array. Each page is its own short query: no database connection is held while the client reads,
+which a transaction-mode pooler and a slow client both need. Jobs appear once each, newest first
+(the keyset is (created_at, id), which never changes); the pages are not one snapshot, like pages
+a client would fetch itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+from urllib.parse import quote, urlencode
+
+from pydantic import ValidationError
+
+from sftq_server import db as dbmod
+from sftq_server.core.errors import BadRequest, SftqError, Unavailable
+from sftq_server.core.settings import Settings
+from sftq_server.http.checks import (
+    authenticate,
+    check_json_content_type,
+    check_query,
+    idempotency_key,
+    job_id_param,
+    limit_param,
+    one_row,
+    upper,
+)
+from sftq_server.http.group_commit import Answer, GroupCommit, Params
+from sftq_server.http.models import (
+    DEFAULT_PAGE_SIZE,
+    KINDS,
+    MAX_DISPLAY_NAME,
+    MAX_GPU_COUNT,
+    MAX_PAGE_SIZE,
+    MAX_QUEUE_TIMEOUT,
+    STATES,
+    SUBMIT_FIELDS,
+    SubmitRequest,
+)
+from sftq_server.http.web import JSON_HEADERS, Request, Response
+
+logger = logging.getLogger("sftq.api")
+
+_CURSOR_RE = re.compile(r"[0-9]{1,17}_[0-9a-f]{32}")
+_LIST_PARAMS = frozenset({"state", "kind", "limit", "cursor", "id_prefix"})
+_ID_PREFIX_RE = re.compile(r"[0-9a-fA-F-]{8,36}")
+
+CANCEL_PENDING_MESSAGE = "cancel recorded; the scheduler will finish it at its next tick"
+
+
+class JobStopper(Protocol):
+    """What a cancel needs from the provider client (sftq_server.provider.FireworksClient)."""
+
+    def stop_job(self, kind: str, job_id: str) -> str: ...
+
+
+ProviderFactory = Callable[[], JobStopper]
+
+
+def default_provider_factory(settings: Settings) -> ProviderFactory:
+    def build() -> JobStopper:
+        # Imported here: httpx and the client load only when a running job is cancelled.
+        from sftq_server.provider import FireworksClient
+
+        return FireworksClient(
+            base_url=settings.fireworks_base_url,
+            api_key=settings.fireworks_api_key,
+            account_id=settings.fireworks_account_id,
+            quota_id=settings.fireworks_quota_id,
+            timeout=settings.fireworks_timeout_seconds,
+        )
+
+    return build
+
+
+_FIELD_MESSAGES = {
+    "kind": "kind must be one of " + ", ".join(KINDS),
+    "fireworks_payload": "fireworks_payload must be a JSON object",
+    "gpu_count": f"gpu_count must be an integer from 1 to {MAX_GPU_COUNT}",
+    "display_name": f"display_name must be a string of at most {MAX_DISPLAY_NAME} characters",
+    "queue_timeout_seconds": f"queue_timeout_seconds must be an integer from 1 to "
+                             f"{MAX_QUEUE_TIMEOUT} (30 days)",
+}
+
+
+def parse_submit(body: bytes) -> tuple[SubmitRequest, str]:
+    """Validate a POST /jobs body; answer the request and fireworks_payload as JSON text."""
+    try:
+        req = SubmitRequest.model_validate_json(body)
+    except ValidationError as exc:
+        raise _submit_error(exc) from None
+    try:
+        payload = json.dumps(req.fireworks_payload, ensure_ascii=False, allow_nan=False,
+                             separators=(",", ":"))
+    except ValueError:
+        raise BadRequest("request body is not valid JSON: NaN, Infinity and out-of-range numbers "
+                         "are not allowed", code="invalid_json") from None
+    # PostgreSQL text and jsonb cannot hold U+0000; only a body that spells it needs the walk.
+    if b"\\u0000" in body and (_has_nul(req.fireworks_payload)
+                                or "\x00" in (req.display_name or "")):
+        raise BadRequest("strings must not contain the NUL character (\\u0000)")
+    return req, payload
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any("\x00" in k or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def _submit_error(exc: ValidationError) -> SftqError:
+    errors = exc.errors(include_url=False, include_context=False)
+    for err in errors:
+        if err["type"] == "json_invalid":
+            reason = err["msg"].removeprefix("Invalid JSON: ")
+            return BadRequest(f"request body is not valid JSON: {reason}", code="invalid_json")
+        if err["loc"] == ():
+            return BadRequest("request body must be a JSON object: "
+                              "{\"kind\": ..., \"fireworks_payload\": {...}}")
+    # The contract's answer to the commonest mistake (posting the bare Fireworks body) comes first.
+    for err in errors:
+        if err["loc"] == ("fireworks_payload",) and (
+                err["type"] == "missing" or err.get("input") is None):
+            return BadRequest("fireworks_payload is required", code="missing_payload")
+    unknown = sorted(str(err["loc"][0]) for err in errors if err["type"] == "extra_forbidden")
+    if unknown:
+        allowed = sorted(SUBMIT_FIELDS)
+        return BadRequest(f"unknown field(s): {', '.join(unknown)}; "
+                          f"allowed fields: {', '.join(allowed)}",
+                          code="unknown_field",
+                          detail={"unknown_fields": unknown, "allowed_fields": allowed})
+    details: list[dict[str, str]] = []
+    for err in errors:
+        field = str(err["loc"][0]) if err["loc"] else ""
+        message = "kind is required" if (field, err["type"]) == ("kind", "missing") else \
+            _FIELD_MESSAGES.get(field, err["msg"])
+        if not any(d["field"] == field for d in details):
+            details.append({"field": field, "message": message})
+    return BadRequest("; ".join(d["message"] for d in details), detail=details)
+
+
+def submit_headers(request: Request) -> tuple[bytes, str | None]:
+    """POST /jobs before its body is read: the key's hash and the Idempotency-Key."""
+    key_hash = authenticate(request)
+    check_json_content_type(request)
+    return key_hash, idempotency_key(request)
+
+
+def submit_params(key_hash: bytes, idem: str | None, body: bytes) -> Params:
+    """POST /jobs: what the group commit takes, from the checked headers and the body."""
+    req, payload = parse_submit(body)
+    return (key_hash, req.kind, payload, req.display_name, req.gpu_count, idem,
+            req.queue_timeout_seconds)
+
+
+def created(request: Request, answer: Answer) -> Response:
+    """POST /jobs: the 201 for the group commit's answer."""
+    body, replayed, job_id = answer
+    request.job_id = job_id
+    headers = [*JSON_HEADERS, ("Location", f"{request.script_name}/jobs/{job_id}")]
+    if replayed:
+        headers.append(("Idempotent-Replayed", "true"))
+    return Response(201, body.encode(), headers)
+
+
+# --- the functions --------------------------------------------------------------------------
+
+class JobsApi:
+    """The route handlers. Stateless apart from the pool and a lazily built provider client."""
+
+    def __init__(self, settings: Settings, db: dbmod.Database,
+                 provider_factory: ProviderFactory | None = None) -> None:
+        self.settings = settings
+        self.db = db
+        self.max_body = settings.max_body_bytes
+        self._provider_factory = provider_factory or default_provider_factory(settings)
+        self._provider: JobStopper | None = None
+        self._provider_lock = threading.Lock()
+        self.group_commit = GroupCommit(db, default_queue_timeout=settings.queue_timeout_seconds,
+                                        max_batch=settings.group_commit_max,
+                                        linger=settings.group_commit_linger_ms / 1000)
+
+    # POST /jobs, in three steps that the RSGI gateway (gateway_rsgi.py) also takes, with an
+    # awaited body and group commit between them.
+    def submit(self, request: Request) -> Response:
+        key_hash, idem = submit_headers(request)
+        params = submit_params(key_hash, idem, request.read_body(self.max_body))
+        return created(request, self.group_commit.submit(params))
+
+    # GET /jobs
+    def list_jobs(self, request: Request) -> Response:
+        key_hash = authenticate(request)
+        query = check_query(request, _LIST_PARAMS)
+        # States and kinds are case-insensitive (?state=queued), as in the client and the CLI.
+        state = upper(query.get("state"))
+        if state is not None and state not in STATES:
+            raise BadRequest("state must be one of " + ", ".join(STATES))
+        kind = upper(query.get("kind"))
+        if kind is not None and kind not in KINDS:
+            raise BadRequest("kind must be one of " + ", ".join(KINDS))
+        limit = limit_param(query, None, MAX_PAGE_SIZE)
+        cursor = query.get("cursor")
+        if cursor is not None and not _CURSOR_RE.fullmatch(cursor):
+            raise BadRequest("cursor is not valid; use the X-Next-Cursor value of the "
+                             "previous page")
+        id_prefix = query.get("id_prefix")
+        if id_prefix is not None:
+            return self._jobs_by_id_prefix(key_hash, id_prefix, state, kind,
+                                           DEFAULT_PAGE_SIZE if limit is None else limit, cursor)
+        if limit is None and cursor is None:
+            # The contract's "all of your jobs, newest first": every job, streamed.
+            return all_jobs(self.db, key_hash, state, kind)
+        body, next_cursor = one_row(self.db.fetchone(
+            dbmod.API_LIST_JOBS,
+            (key_hash, state, kind, DEFAULT_PAGE_SIZE if limit is None else limit, cursor)))
+        headers = list(JSON_HEADERS)
+        if next_cursor:
+            params = {k: v for k, v in query.items() if k != "cursor"}
+            params["cursor"] = next_cursor
+            link = f"{request.script_name}/jobs?{urlencode(params, quote_via=quote)}"
+            headers += [("X-Next-Cursor", next_cursor), ("Link", f'<{link}>; rel="next"')]
+        return Response(200, body.encode(), headers)
+
+    # GET /jobs?id_prefix=: one page of the caller's jobs whose id starts so, never paged.
+    def _jobs_by_id_prefix(self, key_hash: bytes, prefix: str, state: str | None,
+                           kind: str | None, limit: int, cursor: str | None) -> Response:
+        if cursor is not None:
+            raise BadRequest("cursor and id_prefix do not go together: an id_prefix answer "
+                             "is one page")
+        if not _ID_PREFIX_RE.fullmatch(prefix) or len(prefix.replace("-", "")) < 8:
+            raise BadRequest("id_prefix must be 8 to 32 hexadecimal digits of a job id "
+                             "(dashes allowed)")
+        body = one_row(self.db.fetchone(dbmod.API_JOBS_BY_ID_PREFIX,
+                                      (key_hash, prefix, state, kind, limit)))[0]
+        return Response(200, body.encode(), list(JSON_HEADERS))
+
+    # GET /jobs/{id}
+    def get_job(self, request: Request, raw_id: str) -> Response:
+        key_hash = authenticate(request)
+        job_id = job_id_param(request, raw_id)
+        body = one_row(self.db.fetchone(dbmod.API_GET_JOB, (key_hash, job_id)))[0]
+        return Response(200, body.encode(), list(JSON_HEADERS))
+
+    # DELETE /jobs/{id}
+    def cancel_job(self, request: Request, raw_id: str) -> Response:
+        key_hash = authenticate(request)
+        job_id = job_id_param(request, raw_id)
+        body, action, kind, job_name = one_row(self.db.fetchone(
+            dbmod.API_CANCEL_JOB, (key_hash, job_id)))
+        if action == "none":
+            return Response(200, body.encode(), list(JSON_HEADERS))
+        if action in ("provider_delete", "provider_cancel"):
+            provider_id = job_name.rsplit("/", 1)[-1] if job_name else _provider_job_id(job_id)
+            if self._stop_at_provider(kind, provider_id, job_id):
+                try:
+                    done = one_row(self.db.fetchone(dbmod.API_COMPLETE_CANCEL,
+                                                    (key_hash, job_id)))[0]
+                except Unavailable:
+                    # The stop happened and the cancel is recorded: the next tick finishes it.
+                    logger.warning("cancel %s: provider stopped it, database unavailable", job_id)
+                else:
+                    return Response(200, done.encode(), list(JSON_HEADERS))
+        # "deferred" (admitted, not yet submitted: only the scheduler may touch the provider
+        # then, or a create in flight could be missed) and every provider failure land here.
+        pending = body[:-1] + ', "message": ' + json.dumps(CANCEL_PENDING_MESSAGE) + "}"
+        return Response(202, pending.encode(), list(JSON_HEADERS))
+
+    def _stop_at_provider(self, kind: str, provider_id: str, job_id: str) -> bool:
+        try:
+            provider = self._get_provider()
+            provider.stop_job(kind, provider_id)
+        except Exception as exc:
+            # Any failure leaves the cancel recorded; the scheduler retries it (invariant 6).
+            logger.warning("cancel %s: provider stop failed (%s): %s",
+                           job_id, type(exc).__name__, exc)
+            return False
+        return True
+
+    def _get_provider(self) -> JobStopper:
+        if self._provider is None:
+            with self._provider_lock:
+                if self._provider is None:
+                    self._provider = self._provider_factory()
+        return self._provider
+
+    # POST /jobs/{id}/retry: a FAIL or CANCELLED job enqueued again as a new job. One procedure
+    # call (sftq.api_retry_job) checks the job is the caller's and has ended badly, and answers
+    # the enqueue shape plus retry_of.
+    def retry(self, request: Request, raw_id: str) -> Response:
+        key_hash = authenticate(request)
+        job_id = job_id_param(request, raw_id)
+        idem = idempotency_key(request)
+        # The body, if any, is not read: a retry takes everything from the old job.
+        body, replayed, new_id = one_row(self.db.fetchone(
+            dbmod.API_RETRY_JOB, (key_hash, job_id, idem, self.settings.queue_timeout_seconds)))
+        new_id = str(new_id)
+        headers = [*JSON_HEADERS, ("Location", f"{request.script_name}/jobs/{new_id}")]
+        if replayed:
+            headers.append(("Idempotent-Replayed", "true"))
+        return Response(201, body.encode(), headers)
+
+    def close(self) -> None:
+        provider, self._provider = self._provider, None
+        close = getattr(provider, "close", None)
+        if callable(close):
+            close()
+
+
+def _provider_job_id(job_id: str) -> str:
+    from sftq_server.provider import provider_job_id
+
+    return provider_job_id(job_id)
+
+
+# Jobs per page read from the database (the procedure's maximum page size).
+STREAM_PAGE = 1000
+
+
+def all_jobs(db: dbmod.Database, key_hash: bytes, state: str | None,
+             kind: str | None) -> Response:
+    """The whole list. The first page is read before answering, so a bad key or a database
+    that is down is still a proper error status; most callers fit in it and get a plain body."""
+    body, cursor = one_row(db.fetchone(dbmod.API_LIST_JOBS,
+                                       (key_hash, state, kind, STREAM_PAGE, None)))
+    if not cursor:
+        return Response(200, body.encode(), list(JSON_HEADERS))
+    return Response(200, headers=list(JSON_HEADERS),
+                    stream=_pages(db, key_hash, state, kind, body, cursor))
+
+
+def _pages(db: dbmod.Database, key_hash: bytes, state: str | None, kind: str | None,
+           first: str, cursor: str | None) -> Iterator[bytes]:
+    # Each page is the procedure's JSON array text: its items go out between our own
+    # brackets, so nothing is parsed or re-encoded here.
+    yield first[:-1].encode()
+    while cursor:
+        try:
+            page, cursor = one_row(db.fetchone(dbmod.API_LIST_JOBS,
+                                               (key_hash, state, kind, STREAM_PAGE, cursor)))
+        except Exception:
+            # The status is sent already: end the response unfinished (no closing bracket,
+            # no final chunk) so the client cannot mistake it for a complete list.
+            logger.exception("GET /jobs: the database failed while streaming the list")
+            raise
+        items = page[1:-1]
+        if items.strip():
+            yield b", " + items.encode()
+    yield b"]"
