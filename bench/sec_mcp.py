@@ -1,6 +1,6 @@
 """MCP: what a tool call over Streamable HTTP costs on top of the plain API call it makes.
 
-The gateway the image runs (granian RSGI, sftq_server.gateway_rsgi) on one database, one
+The gateway the image runs (granian RSGI, sftq_server.http.gateway_rsgi) on one database, one
 user, one job. In alternating rounds on one keep-alive connection each: a plain
 `GET /functions/v1/jobs-api/jobs/{id}`, and a `tools/call get_job` POSTed to
 `/functions/v1/mcp` (stateless: one POST per call, as an MCP client sends it after its

@@ -36,8 +36,8 @@ def jobs_api_url() -> str:
 
 def _build() -> McpHttpApp:
     from sftq_server.core import logs
-    from sftq_server.http.mcp import McpHttpApp
     from sftq_server.core.settings import Settings
+    from sftq_server.http.mcp import McpHttpApp
 
     logs.configure()
     return McpHttpApp(jobs_api_url(), max_body_bytes=Settings.from_env().max_body_bytes)

@@ -93,7 +93,7 @@ def test_every_route_the_skill_names_exists() -> None:
     assert len(named) >= 9
     assert named <= routes, named - routes
     # The MCP endpoint it names is the gateway's.
-    from sftq_server.gateway import MCP_PREFIX
+    from sftq_server.http.gateway import MCP_PREFIX
 
     assert "$SUPABASE_URL/functions/v1/mcp" in texts()["SKILL.md"]
     assert MCP_PREFIX == "/functions/v1/mcp"

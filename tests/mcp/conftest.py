@@ -13,7 +13,7 @@ import pytest
 from mcp_support import stack_support
 from pytest_postgresql.janitor import DatabaseJanitor
 
-from sftq_server.pgcluster import LocalCluster
+from sftq_server.dev.pgcluster import LocalCluster
 
 _STACKS = itertools.count()
 

@@ -225,8 +225,8 @@ def test_the_deployed_entry_point_serves_the_same_tools(stack: Any,
 
 
 def test_the_images_server_serves_it_on_its_event_loop(stack: Any, tmp_path: Any) -> None:
-    # The Dockerfile's command (granian RSGI, sftq_server.gateway_rsgi) on the stack's
-    # database: the MCP endpoint runs on granian's loop (sftq_server.http.mcp.RsgiMcp), progress streamed.
+    # The Dockerfile's command (granian RSGI, sftq_server.http.gateway_rsgi) on the stack's
+    # database: the MCP endpoint runs on granian's loop (http.mcp.RsgiMcp), progress streamed.
     import shutil
     import subprocess
     import sys
@@ -235,7 +235,7 @@ def test_the_images_server_serves_it_on_its_event_loop(stack: Any, tmp_path: Any
 
     from mcp_support import ROOT, clean_env
 
-    from sftq_server.pgcluster import free_port
+    from sftq_server.dev.pgcluster import free_port
 
     granian = Path(sys.executable).parent / "granian"
     assert granian.exists() or shutil.which("granian"), "granian is a dev dependency"
@@ -245,7 +245,7 @@ def test_the_images_server_serves_it_on_its_event_loop(stack: Any, tmp_path: Any
     log = (tmp_path / "granian.log").open("wb")
     proc = subprocess.Popen(
         [str(granian), "--interface", "rsgi", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1", "--no-ws", "--factory", "sftq_server.gateway_rsgi:create_app"],
+         "--workers", "1", "--no-ws", "--factory", "sftq_server.http.gateway_rsgi:create_app"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
