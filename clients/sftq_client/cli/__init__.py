@@ -34,7 +34,7 @@ from ..errors import (
     Unauthorized,
     WaitTimeout,
 )
-from . import analytics, dashboard, jobs, visibility, watch, webhooks
+from . import analytics, dashboard, jobs, mcp, skill, visibility, watch, webhooks
 from ._common import (
     EXIT_CODES,
     EXIT_CONFLICT,
@@ -61,7 +61,7 @@ from ._server import register as register_server_commands
 __all__ = ["EXIT_CODES", "SERVER_COMMANDS", "client_factory", "main"]
 
 # The command groups, in the order `sftq --help` lists them.
-_GROUPS = (jobs, analytics, watch, visibility, webhooks, dashboard)
+_GROUPS = (jobs, analytics, watch, visibility, webhooks, dashboard, mcp, skill)
 
 
 def _default_client_factory(api_key: str | None, api_url: str | None) -> Client:

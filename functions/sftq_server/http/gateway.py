@@ -5,6 +5,8 @@
                                       sftq_server.stream.hub (one poll for all open streams)
     /functions/v1/analytics/...       analytics (sftq_server.http.apps.make_analytics_api)
     /functions/v1/scheduler-tick      the scheduler tick (sftq_server.scheduler.http.make_tick_app)
+    /functions/v1/mcp                 the MCP tools for agents, Streamable HTTP
+                                      (sftq_server.http.mcp; loaded on its first request)
 
 so the contract's curl lines work with SUPABASE_URL=http://127.0.0.1:<port>. The dispatch is a
 prefix match that moves the prefix into SCRIPT_NAME; a bare prefix is passed on as an empty
@@ -38,6 +40,7 @@ JOBS_PREFIX = "/functions/v1/jobs-api"
 ANALYTICS_PREFIX = "/functions/v1/analytics"
 TICK_PREFIX = "/functions/v1/scheduler-tick"
 TICK_MODULE = "sftq_server.scheduler.http"
+MCP_PREFIX = "/functions/v1/mcp"
 
 
 class Gateway:
@@ -57,10 +60,13 @@ class Gateway:
         self._jobs_wsgi = wsgi_app(self._jobs)
         self._streams: Any = None
         self._streams_lock = threading.Lock()
+        self._mcp: Any = None
+        self._mcp_lock = threading.Lock()
         self._mounts: tuple[tuple[str, WSGIApp], ...] = (
             (JOBS_PREFIX, self._jobs_app),
             (ANALYTICS_PREFIX, wsgi_app(self._analytics)),
             (TICK_PREFIX, self._tick_app),
+            (MCP_PREFIX, self._mcp_app),
         )
         self._not_found = simple_app(404, "no such function", "not_found")
 
@@ -98,6 +104,16 @@ class Gateway:
                     self._streams = WsgiStreams(lambda: make_hub(self.settings, db=db))
         return self._streams
 
+    def _mcp_app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if self._mcp is None:
+            with self._mcp_lock:
+                if self._mcp is None:
+                    from sftq_server.http.mcp import make_wsgi_mcp
+
+                    self._mcp = make_wsgi_mcp(self, JOBS_PREFIX, self.settings.max_body_bytes)
+        body: Iterable[bytes] = self._mcp(environ, start_response)
+        return body
+
     def _tick_app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if self._tick is None:
             with self._tick_lock:
@@ -125,6 +141,8 @@ class Gateway:
         """Close the streams, the pools and the provider client (the process is going away)."""
         if self._streams is not None:
             self._streams.close()
+        if callable(getattr(self._mcp, "close", None)):
+            self._mcp.close()
         self._jobs.close()
         self._analytics.close()
         close = getattr(self._tick, "close", None)

@@ -28,7 +28,7 @@ from typing import Any
 from sftq_server.core.errors import BadRequest
 from sftq_server.core.settings import Settings
 from sftq_server.http.apps import ApiApp
-from sftq_server.http.gateway import JOBS_PREFIX, Gateway
+from sftq_server.http.gateway import JOBS_PREFIX, MCP_PREFIX, Gateway
 from sftq_server.http.group_commit import AsyncGroupCommit
 from sftq_server.http.routes.jobs import created, submit_headers, submit_params
 from sftq_server.http.web import (
@@ -235,6 +235,8 @@ class RsgiGateway:
         self._threads = max(1, threads)
         self._executor: ThreadPoolExecutor | None = None
         self._bridge: WsgiBridge | None = None
+        # The MCP endpoint on this loop (sftq_server.http.mcp), made on its first request.
+        self._mcp: Any = None
         settings = gateway.settings
         self.group_commit = AsyncGroupCommit(
             settings.database_url, default_queue_timeout=settings.queue_timeout_seconds,
@@ -260,9 +262,18 @@ class RsgiGateway:
             self.__rsgi_init__(asyncio.get_running_loop())
         if scope.method == "POST" and scope.path == SUBMIT_PATH:
             await self._submit(scope, proto)
+        elif scope.path in (MCP_PREFIX, MCP_PREFIX + "/") and self._mcp_app() is not None:
+            await self._mcp(scope, proto)
         else:
             assert self._bridge is not None
             await self._bridge(scope, proto)
+
+    def _mcp_app(self) -> Any:
+        if self._mcp is None:
+            from sftq_server.http.mcp import make_rsgi_mcp
+
+            self._mcp = make_rsgi_mcp(self.gateway, JOBS_PREFIX, self._max_body) or False
+        return self._mcp or None
 
     async def _submit(self, scope: Any, proto: Any) -> None:
         """POST /jobs as JobsApi.submit answers it, with the body and the batch awaited."""

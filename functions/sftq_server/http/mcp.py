@@ -1,0 +1,581 @@
+"""The MCP tools over Streamable HTTP: ``$SUPABASE_URL/functions/v1/mcp``.
+
+Thin on purpose: the tools are sftq_client.mcp's, written over the client; this module only
+authenticates and hands each request to the mcp package's Streamable HTTP transport.
+
+- Stateless (any instance answers any request, as every function here): each POST carries one
+  JSON-RPC message and is answered on its own (an SSE stream while a tool reports progress).
+- Each request acts as the user of the bearer key in its own Authorization header: the tools
+  run with a client made from that very key, against jobs-api, which checks it as it checks any
+  request. There is no other identity, so there is no cross-user access: another user's job id
+  answers the tool error not_found. A request without a well-formed key is refused with 401
+  before any MCP work, and so is an `initialize` whose key jobs-api does not accept.
+- In `sftq dev` the jobs-api calls go to the gateway in-process (no socket, no second HTTP
+  parse); deployed on its own (functions/mcp_api.py), to jobs-api's URL.
+
+`McpHttpApp` is the ASGI application; `WsgiMcp` runs it for the WSGI gateway on an event loop
+thread of its own, streaming each answer back as it is produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import queue
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final
+
+import httpx
+
+from sftq_server.http.web import StartResponse, WSGIApp, simple_app, status_line
+
+logger = logging.getLogger("sftq.mcp")
+access_log = logging.getLogger("sftq.access")
+
+# Room for the JSON-RPC envelope around the largest body jobs-api takes, so an over-large
+# fireworks_payload reaches jobs-api and comes back as its payload_too_large tool error.
+ENVELOPE_BYTES: Final = 64 * 1024
+_BEARER_RE: Final = re.compile(r"Bearer\s+(sftq_[A-Za-z0-9_\-]{1,200})\s*", re.IGNORECASE)
+# Clients kept, one per recent key (each holds only its settings: the pool is shared).
+CLIENT_CACHE: Final = 256
+_JSON: Final = [(b"content-type", b"application/json")]
+
+
+def bearer_key(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if name.lower() == b"authorization":
+            match = _BEARER_RE.fullmatch(value.decode("latin-1"))
+            return match.group(1) if match else None
+    return None
+
+
+class _SharedTransport(httpx.AsyncBaseTransport):
+    """One connection pool for every request's client; closing a client leaves it open."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class InProcessTransport(httpx.AsyncBaseTransport):
+    """httpx requests answered by a WSGI app of this process (the gateway), on a worker
+    thread, as a WSGI server would run them."""
+
+    def __init__(self, app: WSGIApp, *, threads: int = 16) -> None:
+        self._sync = httpx.WSGITransport(app=app)
+        # Its own threads: the loop's default executor is small (cores + 4) and shared.
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="sftq-mcp-call")
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        sync_request = httpx.Request(request.method, request.url, headers=request.headers,
+                                     content=body, extensions=request.extensions)
+
+        def call() -> tuple[int, httpx.Headers, bytes]:
+            response = self._sync.handle_request(sync_request)
+            return response.status_code, response.headers, response.read()
+
+        loop = asyncio.get_running_loop()
+        status, headers, content = await loop.run_in_executor(self._pool, call)
+        return httpx.Response(status, headers=headers, content=content)
+
+    async def aclose(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+class McpHttpApp:
+    """The ASGI application of ``/functions/v1/mcp``."""
+
+    def __init__(self, jobs_api_url: str, *, transport: httpx.AsyncBaseTransport | None = None,
+                 max_body_bytes: int = 1_048_576) -> None:
+        self.jobs_api_url = jobs_api_url.rstrip("/")
+        self._transport = _SharedTransport(transport or httpx.AsyncHTTPTransport())
+        self.max_body_bytes = max_body_bytes + ENVELOPE_BYTES
+        self._managers: tuple[Any, ...] = ()
+        self._clients: dict[str, Any] = {}
+        self._ready: asyncio.Future[None] | None = None
+        self._stop: asyncio.Event | None = None
+        self._runner: asyncio.Task[None] | None = None
+
+    # ---- the per-request client ------------------------------------------------------------
+
+    def client(self, key: str) -> Any:
+        """The client acting as `key`'s user. Kept for the next requests with the same key
+        (making one costs about a quarter of a short call); the key is what identifies, and
+        jobs-api checks it on every call, so a revoked key fails at once all the same."""
+        client = self._clients.pop(key, None)
+        if client is None:
+            from sftq_client import AsyncClient
+
+            client = AsyncClient(api_key=key, base_url=self.jobs_api_url,
+                                 transport=self._transport)
+            if len(self._clients) >= CLIENT_CACHE:
+                # The least recently used; the transport is shared, so closing is not needed.
+                self._clients.pop(next(iter(self._clients)))
+        self._clients[key] = client  # most recently used last
+        return client
+
+    @contextlib.asynccontextmanager
+    async def _client_for(self, request: Any) -> AsyncIterator[Any]:
+        headers = getattr(request, "headers", None)
+        key = bearer_key(
+            (k.encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items())
+        if key is None:  # refused before the transport; kept as a guard
+            raise PermissionError("no API key")
+        yield self.client(key)
+
+    # ---- the transport's lifetime ---------------------------------------------------------
+
+    async def _start(self) -> Any:
+        if self._ready is None:
+            from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+            from sftq_client.mcp import build_server
+
+            # The package logs every request at INFO; our access log already has a line each.
+            logging.getLogger("mcp").setLevel(logging.WARNING)
+            server = build_server(self._client_for, subscriptions=False)
+            # Two ways to answer, both allowed by the transport's specification: a call that
+            # asked for progress (a progressToken) gets an SSE stream that carries the
+            # notifications before its result; every other request gets its result as one
+            # JSON body, which saves the stream's framing and tasks (most of a short call's
+            # overhead).
+            self._managers = tuple(
+                StreamableHTTPSessionManager(app=server, stateless=True, json_response=plain,
+                                             max_request_body_size=self.max_body_bytes)
+                for plain in (False, True))
+            loop = asyncio.get_running_loop()
+            self._ready = loop.create_future()
+            self._stop = asyncio.Event()
+            self._runner = loop.create_task(self._run(self._managers, self._ready, self._stop))
+        await asyncio.shield(self._ready)
+        return self._managers
+
+    @staticmethod
+    async def _run(managers: tuple[Any, ...], ready: asyncio.Future[None],
+                   stop: asyncio.Event) -> None:
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                for manager in managers:
+                    await stack.enter_async_context(manager.run())
+                ready.set_result(None)
+                await stop.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            raise
+
+    async def aclose(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        if self._runner is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self._runner, 5)
+        await self._transport.inner.aclose()
+
+    # ---- ASGI ------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        started = time.perf_counter()
+        status = 500
+        rpc: str | None = None
+
+        async def sending(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        key = bearer_key(scope.get("headers", ()))
+        try:
+            rpc = await self._serve(scope, receive, sending, key)
+        finally:
+            if access_log.isEnabledFor(logging.INFO):
+                access_log.info(json.dumps({
+                    "fn": "mcp", "method": scope.get("method"), "route": "/", "rpc": rpc,
+                    "status": status,
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+                    "user": key[:13] if key else None}))
+
+    async def _serve(self, scope: Any, receive: Any, send: Any, key: str | None) -> str | None:
+        """Answer one request; the JSON-RPC method it carried, for the access log."""
+        if key is None:
+            await _answer(send, 401, "missing or malformed API key: send Authorization: "
+                          "Bearer sftq_...", "unauthorized",
+                          [(b"www-authenticate", b'Bearer realm="finetune-queue"')])
+            return None
+        body, receive = await _buffered(receive, self.max_body_bytes)
+        if body is None:
+            await _answer(send, 413, f"request body over {self.max_body_bytes} bytes",
+                          "payload_too_large")
+            return None
+        rpc = _rpc_method(body)
+        if rpc == "initialize" and not await self._key_accepted(key):
+            await _answer(send, 401, "the API key was not accepted (unknown, revoked, or its "
+                          "user is disabled)", "unauthorized",
+                          [(b"www-authenticate", b'Bearer realm="finetune-queue"')])
+            return rpc
+        streaming, plain = await self._start()
+        manager = streaming if b'"progressToken"' in body else plain
+        await manager.handle_request(scope, receive, send)
+        return rpc
+
+    async def _key_accepted(self, key: str) -> bool:
+        from sftq_client import Unauthorized
+
+        try:
+            await self.client(key).list_jobs(limit=1)
+        except Unauthorized:
+            self._clients.pop(key, None)
+            return False
+        return True
+
+
+_METHOD_RE: Final = re.compile(rb'"method"\s*:\s*"([a-zA-Z/_]{1,64})"')
+
+
+def _rpc_method(body: bytes) -> str | None:
+    """The JSON-RPC method of a request body, for the log and the key check (the transport
+    parses it for real). The first "method" key of a JSON-RPC request is its own: params come
+    after it in every client we know of, and a crafted order only skips the early key check,
+    never the per-call one of jobs-api."""
+    match = _METHOD_RE.search(body, 0, 4096)
+    return match.group(1).decode() if match else None
+
+
+async def _buffered(receive: Any, limit: int) -> tuple[bytes | None, Any]:
+    """The whole body (None past `limit`), and a receive that replays it, then waits for the
+    client to go (the transport listens for a disconnect while it streams)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None, receive
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    replayed = False
+
+    async def replay() -> Any:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay
+
+
+async def _answer(send: Any, status: int, message: str, code: str,
+                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps({"error": message, "code": code}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*_JSON, (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Any, send: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+# ---- under the WSGI gateway ------------------------------------------------------------------
+
+
+_DONE: Final = object()
+
+
+class WsgiMcp:
+    """`McpHttpApp` for a threaded WSGI server: the app lives on an event loop of its own
+    thread; each request's answer is streamed back to the server thread through a queue, and
+    a client that goes away is told to the app as http.disconnect."""
+
+    def __init__(self, app: McpHttpApp) -> None:
+        self.app = app
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="sftq-mcp-loop",
+                                          daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if (environ.get("PATH_INFO") or "/") != "/":
+            return simple_app(404, "no such route: the MCP endpoint is /functions/v1/mcp",
+                              "not_found")(environ, start_response)
+        loop = self._start()
+        limit = self.app.max_body_bytes
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = -1
+        if length < 0 or length > limit:
+            app = simple_app(413 if length > 0 else 400, "bad or over-large Content-Length",
+                             "payload_too_large" if length > 0 else "bad_request")
+            return app(environ, start_response)
+        body = environ["wsgi.input"].read(length) if length else b""
+        out: queue.Queue[Any] = queue.Queue()
+        conn = _Connection(loop)
+        future = asyncio.run_coroutine_threadsafe(
+            _drive(self.app, _scope(environ), body, out, conn), loop)
+        future.add_done_callback(lambda f: out.put(_DONE))
+        first = out.get()
+        if first is _DONE or first.get("type") != "http.response.start":
+            conn.close()
+            exc = future.exception() if future.done() else None
+            logger.error("the MCP app ended without an answer", exc_info=exc)
+            return simple_app(500, "internal server error", "internal")(environ, start_response)
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in first["headers"]]
+        start_response(status_line(first["status"]), headers)
+        return _Body(out, conn)
+
+    def close(self) -> None:
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None:
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.app.aclose(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(5)
+        if not loop.is_running():
+            loop.close()
+
+
+class _Connection:
+    """One request's link between the server thread and the loop: close() on the server
+    thread (the client left, or the answer is done) becomes http.disconnect on the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.gone = threading.Event()
+        self.disconnected: asyncio.Event | None = None
+
+    def opened(self) -> asyncio.Event:  # on the loop
+        self.disconnected = asyncio.Event()
+        if self.gone.is_set():
+            self.disconnected.set()
+        return self.disconnected
+
+    def close(self) -> None:  # on the server thread
+        self.gone.set()
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            self.loop.call_soon_threadsafe(self._set)
+
+    def _set(self) -> None:
+        if self.disconnected is not None:
+            self.disconnected.set()
+
+
+async def _drive(app: McpHttpApp, scope: dict[str, Any], body: bytes, out: queue.Queue[Any],
+                 conn: _Connection) -> None:
+    disconnected = conn.opened()
+    sent_body = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await disconnected.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if disconnected.is_set() and message["type"] == "http.response.body":
+            raise OSError("the client went away")
+        out.put(message)
+
+    await app(scope, receive, send)
+
+
+class _Body:
+    """The WSGI body: chunks as the app sends them; close() (the client left, or the answer
+    is done) tells the app."""
+
+    def __init__(self, out: queue.Queue[Any], conn: _Connection) -> None:
+        self._out = out
+        self._conn = conn
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            message = self._out.get()
+            if message is _DONE:
+                return
+            if message.get("type") != "http.response.body":
+                continue
+            chunk: bytes = message.get("body", b"")
+            if chunk:
+                yield chunk
+            if not message.get("more_body", False):
+                return
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _scope(environ: dict[str, Any]) -> dict[str, Any]:
+    headers = []
+    for name, value in environ.items():
+        if name.startswith("HTTP_"):
+            headers.append((name[5:].replace("_", "-").lower().encode("latin-1"),
+                            str(value).encode("latin-1")))
+    for name in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+        if environ.get(name):
+            headers.append((name.replace("_", "-").lower().encode("latin-1"),
+                            str(environ[name]).encode("latin-1")))
+    path = (environ.get("SCRIPT_NAME", "") or "") + (environ.get("PATH_INFO", "") or "")
+    server = (environ.get("SERVER_NAME", "127.0.0.1"), int(environ.get("SERVER_PORT") or 80))
+    client = (environ.get("REMOTE_ADDR", "127.0.0.1"), int(environ.get("REMOTE_PORT") or 0))
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": str(environ.get("SERVER_PROTOCOL", "HTTP/1.1")).split("/")[-1],
+        "method": environ.get("REQUEST_METHOD", "GET"),
+        "scheme": environ.get("wsgi.url_scheme", "http"),
+        "path": path,
+        "raw_path": path.encode("latin-1", "replace"),
+        "root_path": "",
+        "query_string": str(environ.get("QUERY_STRING", "")).encode("latin-1"),
+        "headers": headers,
+        "server": server,
+        "client": client,
+    }
+
+
+def make_wsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int) -> WSGIApp:
+    """The MCP endpoint for the WSGI gateway, calling the gateway's own jobs-api in-process;
+    503 when the mcp package is not installed."""
+    try:
+        import mcp  # noqa: F401
+    except ModuleNotFoundError:
+        logger.warning("the mcp package is not installed; /functions/v1/mcp answers 503")
+        return simple_app(503, "the MCP endpoint needs the mcp extra on the server",
+                          "unavailable", [("Retry-After", "30")])
+    app = McpHttpApp(f"http://sftq.internal{jobs_api_path}",
+                     transport=InProcessTransport(gateway), max_body_bytes=max_body_bytes)
+    return WsgiMcp(app)
+
+
+# ---- under the RSGI gateway (the image's server) -----------------------------------------------
+
+
+class RsgiMcp:
+    """`McpHttpApp` on granian's RSGI interface, on the server's own event loop: no thread
+    between the request and the protocol (the jobs-api calls still run the WSGI gateway on
+    InProcessTransport's threads)."""
+
+    def __init__(self, app: McpHttpApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, proto: Any) -> None:
+        limit = self.app.max_body_bytes
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                   for k, v in scope.headers.items()]
+        declared = next((v.decode("latin-1") for k, v in headers if k == b"content-length"),
+                        None)
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            proto.response_bytes(413, [("content-type", "application/json")], json.dumps(
+                {"error": f"request body over {limit} bytes", "code": "payload_too_large"}
+            ).encode())
+            return
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in proto:
+            size += len(chunk)
+            if size > limit:  # a body without a Content-Length, read only up to the limit
+                proto.response_bytes(413, [("content-type", "application/json")], json.dumps(
+                    {"error": f"request body over {limit} bytes", "code": "payload_too_large"}
+                ).encode())
+                return
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        host, _, port = scope.server.rpartition(":")
+        client_host, _, client_port = scope.client.rpartition(":")
+        asgi_scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": scope.http_version, "method": scope.method,
+            "scheme": scope.scheme, "path": scope.path,
+            "raw_path": scope.path.encode("utf-8", "surrogateescape"), "root_path": "",
+            "query_string": scope.query_string.encode("latin-1"), "headers": headers,
+            "server": (host, int(port or 0)), "client": (client_host, int(client_port or 0)),
+        }
+        sent_body = False
+        status = 500
+        response_headers: list[tuple[str, str]] = []
+        stream: Any = None
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent_body
+            if not sent_body:
+                sent_body = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await proto.client_disconnect()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status, response_headers, stream
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                response_headers = [(k.decode("latin-1"), v.decode("latin-1"))
+                                    for k, v in message.get("headers", ())]
+            elif message["type"] == "http.response.body":
+                chunk = message.get("body", b"")
+                more = message.get("more_body", False)
+                if stream is None and not more:
+                    proto.response_bytes(status, response_headers, chunk)
+                    return
+                if stream is None:
+                    stream = proto.response_stream(status, response_headers)
+                if chunk:
+                    await stream.send_bytes(chunk)
+
+        await self.app(asgi_scope, receive, send)
+
+
+def make_rsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int) -> Any:
+    """The MCP endpoint for the RSGI gateway; None when the mcp package is not installed
+    (the WSGI gateway's route then answers 503)."""
+    try:
+        import mcp  # noqa: F401
+    except ModuleNotFoundError:
+        return None
+    return RsgiMcp(McpHttpApp(f"http://sftq.internal{jobs_api_path}",
+                              transport=InProcessTransport(gateway),
+                              max_body_bytes=max_body_bytes))

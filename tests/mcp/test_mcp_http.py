@@ -1,0 +1,329 @@
+"""The MCP tools over Streamable HTTP at $SUPABASE_URL/functions/v1/mcp on a live `sftq dev`,
+driven by the mcp package's own client (ClientSession + streamable_http_client): each request
+acts as its bearer key's user, two users are isolated, errors are tool errors, and a killed
+connection loses no job (the idempotency key makes the resubmission the same job)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import mcp.types as types
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+PAYLOAD = {"baseModel": "accounts/fireworks/models/qwen3-14b",
+           "dataset": "accounts/demo/datasets/mcp-http"}
+ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def mcp_url(stack: Any) -> str:
+    return f"{stack.base}/functions/v1/mcp"
+
+
+@asynccontextmanager
+async def http_session(stack: Any, key: str | None = None) -> AsyncIterator[ClientSession]:
+    client = httpx.AsyncClient(headers={"Authorization": f"Bearer {key or stack.key}"},
+                               timeout=httpx.Timeout(30, read=300))
+    async with client, streamable_http_client(mcp_url(stack), http_client=client) as (
+            read, write, _), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+def ok(result: types.CallToolResult) -> dict[str, Any]:
+    assert not result.isError, result.content
+    assert result.structuredContent is not None
+    return result.structuredContent
+
+
+def error_of(result: types.CallToolResult) -> dict[str, Any]:
+    assert result.isError, result
+    assert isinstance(result.content[0], types.TextContent)
+    error: dict[str, Any] = json.loads(result.content[0].text)["error"]
+    return error
+
+
+def rpc(method: str, params: dict[str, Any], id_: int = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params}
+
+
+def test_tools_submit_wait_with_progress_cancel_events(stack: Any) -> None:
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, total, message))
+
+    async def main() -> None:
+        async with http_session(stack) as session:
+            caps = session.get_server_capabilities()
+            assert caps is not None and caps.tools is not None
+            # Stateless HTTP has no standing stream to notify on: no subscriptions offered.
+            assert caps.resources is not None and not caps.resources.subscribe
+            tools = (await session.list_tools()).tools
+            assert len(tools) == 9 and all(t.outputSchema for t in tools)
+            job = ok(await session.call_tool("submit_job", {
+                "kind": "RFT", "fireworks_payload": PAYLOAD, "display_name": "mcp http",
+                "gpu_count": 2, "idempotency_key": str(uuid.uuid4())}))
+            assert job["state"] == "QUEUED" and job["kind"] == "RFT"
+            waited = ok(await session.call_tool(
+                "wait_for_job", {"job_id": job["id"], "timeout_seconds": 1.2,
+                                 "poll_interval_seconds": 0.2}, progress_callback=on_progress))
+            assert waited["timed_out"] is True and waited["job"]["state"] == "QUEUED"
+            # The notifications came on the request's own SSE answer, before the result.
+            assert len(progress) >= 2 and "QUEUED" in (progress[0][2] or "")
+            cancelled = ok(await session.call_tool("cancel_job", {"job_id": job["id"]}))
+            assert cancelled["state"] == "CANCELLED"
+            events = ok(await session.call_tool("job_events", {"job_id": job["id"]}))
+            assert [e["type"] for e in events["events"]] == ["queued", "cancelled"]
+            got = ok(await session.call_tool("get_job", {"job_id": job["id"]}))
+            assert got["state"] == "CANCELLED"
+            read = await session.read_resource(f"sftq://jobs/{job['id']}")  # type: ignore[arg-type]
+            assert isinstance(read.contents[0], types.TextResourceContents)
+            assert json.loads(read.contents[0].text)["state"] == "CANCELLED"
+
+    anyio.run(main)
+
+
+def test_two_users_are_isolated(stack: Any) -> None:
+    other = stack.user(f"mcp-other-{uuid.uuid4().hex[:8]}")
+
+    async def main() -> None:
+        async with http_session(stack) as mine, http_session(stack, other) as theirs:
+            job = ok(await mine.call_tool("submit_job", {
+                "kind": "SFT", "fireworks_payload": PAYLOAD, "display_name": "mine"}))
+            for name in ("get_job", "cancel_job", "job_events", "wait_for_job", "retry_job",
+                         "queue_position"):
+                error = error_of(await theirs.call_tool(name, {"job_id": job["id"]}))
+                assert error["code"] == "not_found", (name, error)
+            listed = ok(await theirs.call_tool("list_jobs", {"limit": 100}))
+            assert job["id"] not in {j["id"] for j in listed["jobs"]}
+            # The prefix form does not find it either.
+            error = error_of(await theirs.call_tool("get_job", {"job_id": job["id"][:8]}))
+            assert error["code"] == "not_found"
+            try:
+                await theirs.read_resource(f"sftq://jobs/{job['id']}")  # type: ignore[arg-type]
+            except Exception as exc:
+                assert "not" in str(exc).lower()
+            else:
+                raise AssertionError("another user's job resource was readable")
+            # Still theirs to see, and still QUEUED: the other user's calls changed nothing.
+            assert ok(await mine.call_tool("get_job", {"job_id": job["id"]}))["state"] == "QUEUED"
+            ok(await mine.call_tool("cancel_job", {"job_id": job["id"]}))
+
+    anyio.run(main)
+
+
+def test_requests_without_an_accepted_key_are_refused(stack: Any) -> None:
+    init = rpc("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                              "clientInfo": {"name": "t", "version": "0"}})
+    with httpx.Client(timeout=30) as http:
+        for headers in ({}, {"Authorization": "Bearer nope"},
+                        {"Authorization": f"Bearer sftq_{uuid.uuid4().hex}"}):
+            r = http.post(mcp_url(stack), json=init, headers=ACCEPT | headers)
+            assert r.status_code == 401, (headers, r.text)
+            assert r.json()["code"] == "unauthorized"
+            assert r.headers["www-authenticate"].startswith("Bearer")
+        # A tool call with a well-formed but unknown key is the API's 401 as a tool error.
+        call = rpc("tools/call", {"name": "list_jobs", "arguments": {}})
+        r = http.post(mcp_url(stack), json=call,
+                      headers=ACCEPT | {"Authorization": f"Bearer sftq_{uuid.uuid4().hex}"})
+        assert r.status_code == 200, r.text
+        assert '\\"code\\": \\"unauthorized\\"' in r.text and '"isError":true' in r.text
+        # Over-large bodies and other paths are refused as HTTP errors, not protocol crashes.
+        r = http.post(mcp_url(stack), content=b"x" * 2_000_000, headers=ACCEPT | stack.auth())
+        assert r.status_code == 413
+        r = http.post(mcp_url(stack), content=b"{not json", headers=ACCEPT | stack.auth())
+        assert r.status_code == 400
+        r = http.post(mcp_url(stack) + "/x", json=call, headers=ACCEPT | stack.auth())
+        assert r.status_code == 404
+
+
+def test_a_killed_connection_loses_no_job(stack: Any) -> None:
+    key = str(uuid.uuid4())
+    name = f"mcp-killed-{key[:8]}"
+    arguments = {"kind": "SFT", "fireworks_payload": PAYLOAD, "display_name": name,
+                 "idempotency_key": key}
+    call = rpc("tools/call", {"name": "submit_job", "arguments": arguments})
+    # The connection dies once the server has started its answer: the agent never sees it.
+    with httpx.Client(timeout=30) as http, http.stream(
+            "POST", mcp_url(stack), json=call, headers=ACCEPT | stack.auth()) as r:
+        assert r.status_code == 200
+    # A wait killed mid-stream leaves the job as it was.
+
+    async def main() -> None:
+        async with http_session(stack) as session:
+            again = ok(await session.call_tool("submit_job", arguments))
+            twice = ok(await session.call_tool("submit_job", arguments))
+            assert again["id"] == twice["id"]
+            listed = ok(await session.call_tool("list_jobs", {"limit": 100}))
+            mine = [j for j in listed["jobs"] if j["display_name"] == name]
+            assert [j["id"] for j in mine] == [again["id"]]
+            job_id = again["id"]
+        wait = rpc("tools/call", {"name": "wait_for_job", "_meta": {"progressToken": 7},
+                                  "arguments": {"job_id": job_id, "timeout_seconds": 30,
+                                                "poll_interval_seconds": 0.2}})
+        async with httpx.AsyncClient(timeout=30) as http, http.stream(
+                "POST", mcp_url(stack), json=wait, headers=ACCEPT | stack.auth()) as r:
+            async for line in r.aiter_lines():
+                if "notifications/progress" in line:
+                    break  # and drop the connection in the middle of the wait
+        async with http_session(stack) as session:
+            got = ok(await session.call_tool("get_job", {"job_id": job_id}))
+            assert got["state"] == "QUEUED"
+            ok(await session.call_tool("cancel_job", {"job_id": job_id}))
+
+    anyio.run(main)
+
+
+def test_the_deployed_entry_point_serves_the_same_tools(stack: Any,
+                                                         monkeypatch: Any) -> None:
+    # functions/mcp_api.py, as its own ASGI service, calling jobs-api over HTTP with each
+    # request's key (here the stack's jobs-api; the transport is the ASGI app in-process).
+    import importlib.util
+
+    from mcp_support import ROOT
+
+    monkeypatch.setenv("SFTQ_MCP_JOBS_API_URL", stack.api)
+    spec = importlib.util.spec_from_file_location("sftq_mcp_api_entry",
+                                                  ROOT / "functions" / "mcp_api.py")
+    assert spec is not None and spec.loader is not None
+    entry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)
+    app = entry.asgi_app()
+    other = stack.user(f"mcp-entry-{uuid.uuid4().hex[:8]}")
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://mcp") as http:
+                submit = rpc("tools/call", {"name": "submit_job", "arguments": {
+                    "kind": "SFT", "fireworks_payload": PAYLOAD, "display_name": "entry"}})
+                r = await http.post("/", json=submit, headers=ACCEPT | stack.auth())
+                assert r.status_code == 200, r.text
+                # A call without a progress token is answered as one JSON body.
+                assert r.headers["content-type"].startswith("application/json")
+                data = r.json()
+                job = data["result"]["structuredContent"]
+                assert job["state"] == "QUEUED"
+                get = rpc("tools/call", {"name": "get_job", "arguments": {"job_id": job["id"]}})
+                r = await http.post("/", json=get,
+                                    headers=ACCEPT | {"Authorization": f"Bearer {other}"})
+                assert '\\"code\\": \\"not_found\\"' in r.text
+                r = await http.post("/", json=get, headers=ACCEPT)
+                assert r.status_code == 401
+        finally:
+            await app.aclose()
+        stack.http.delete(f"{stack.api}/jobs/{job['id']}", headers=stack.auth())
+
+    anyio.run(main)
+
+
+def test_the_images_server_serves_it_on_its_event_loop(stack: Any, tmp_path: Any) -> None:
+    # The Dockerfile's command (granian RSGI, sftq_server.http.gateway_rsgi) on the stack's
+    # database: the MCP endpoint runs on granian's loop (http.mcp.RsgiMcp), progress streamed.
+    import shutil
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from mcp_support import ROOT, clean_env
+
+    from sftq_server.dev.pgcluster import free_port
+
+    granian = Path(sys.executable).parent / "granian"
+    assert granian.exists() or shutil.which("granian"), "granian is a dev dependency"
+    port = free_port()
+    env = clean_env(DATABASE_URL=stack.database_url,
+                    SFTQ_TICK_SECRET="mcp-test-tick-secret-0123456789abcdef")
+    log = (tmp_path / "granian.log").open("wb")
+    proc = subprocess.Popen(
+        [str(granian), "--interface", "rsgi", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1", "--no-ws", "--factory", "sftq_server.http.gateway_rsgi:create_app"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/functions/v1/jobs-api/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, \
+                (tmp_path / "granian.log").read_text()
+            time.sleep(0.2)
+
+        class Image:
+            key = stack.key
+
+        image = Image()
+        image.base = base  # type: ignore[attr-defined]
+        other = stack.user(f"mcp-image-{uuid.uuid4().hex[:8]}")
+        progress: list[float] = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            progress.append(value)
+
+        async def main() -> None:
+            async with http_session(image) as mine, http_session(image, other) as theirs:
+                job = ok(await mine.call_tool("submit_job", {
+                    "kind": "SFT", "fireworks_payload": PAYLOAD, "idempotency_key": "img-1"}))
+                waited = ok(await mine.call_tool(
+                    "wait_for_job", {"job_id": job["id"], "timeout_seconds": 1.0,
+                                     "poll_interval_seconds": 0.2},
+                    progress_callback=on_progress))
+                assert waited["timed_out"] and len(progress) >= 2
+                error = error_of(await theirs.call_tool("get_job", {"job_id": job["id"]}))
+                assert error["code"] == "not_found"
+                ok(await mine.call_tool("cancel_job", {"job_id": job["id"]}))
+
+        anyio.run(main)
+        with httpx.Client(timeout=30) as http:
+            r = http.post(f"{base}/functions/v1/mcp", content=b"x" * 2_000_000,
+                          headers=ACCEPT | stack.auth())
+            assert r.status_code == 413
+            r = http.post(f"{base}/functions/v1/mcp", json=rpc("tools/list", {}), headers=ACCEPT)
+            assert r.status_code == 401
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_functions_framework_serves_the_entry_point(monkeypatch: Any) -> None:
+    # `functions-framework --source functions/mcp_api.py --target mcp_api --asgi`: the app
+    # functions-framework builds from the entry point answers MCP and refuses keyless calls.
+    import sys
+
+    import functions_framework.aio as ff_aio
+    from mcp_support import ROOT
+
+    monkeypatch.setenv("SFTQ_MCP_JOBS_API_URL", "http://127.0.0.1:9/functions/v1/jobs-api")
+    app = ff_aio.create_asgi_app(target="mcp_api", source=str(ROOT / "functions" / "mcp_api.py"))
+    listing = rpc("tools/list", {})
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://mcp") as http:
+            r = await http.post("/", json=listing,
+                                headers=ACCEPT | {"Authorization": "Bearer sftq_abc"})
+            assert r.status_code == 200, r.text
+            assert {t["name"] for t in r.json()["result"]["tools"]} >= {"submit_job"}
+            r = await http.post("/", json=listing, headers=ACCEPT)
+            assert r.status_code == 401
+        for name, module in list(sys.modules.items()):
+            if name.endswith("mcp_api") and hasattr(module, "_app"):
+                await module._app.get().aclose()
+
+    anyio.run(main)
