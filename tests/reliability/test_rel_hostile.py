@@ -81,7 +81,7 @@ def world(module_db_url: str) -> Iterator[dict[str, Any]]:
     # POST /webhooks resolves URLs in production mode: every name "resolves" to one public
     # address here, so no fuzzed URL makes a real DNS query (nothing is ever delivered).
     patch = pytest.MonkeyPatch()
-    patch.setattr(webhooks, "default_resolver", _public_resolver)
+    patch.setattr(webhooks.destinations, "default_resolver", _public_resolver)
     # The fuzz reads each event stream it opens until the stream ends or goes quiet: a short
     # heartbeat and lifetime end each in about a second instead of the 15 s heartbeat's wait.
     patch.setenv("SFTQ_STREAM_HEARTBEAT_SECONDS", "0.25")

@@ -33,7 +33,7 @@ from sftq_server.http.web import wsgi_app  # noqa: E402
 def resolver(monkeypatch: pytest.MonkeyPatch) -> FakeResolver:
     """Every name resolution in these tests goes here (the table starts empty)."""
     fake = FakeResolver()
-    monkeypatch.setattr(webhooks, "default_resolver", fake)
+    monkeypatch.setattr(webhooks.destinations, "default_resolver", fake)
     return fake
 
 

@@ -496,7 +496,7 @@ def test_an_unexpected_error_is_recorded_and_retried(dev_api: Api, alice: str,
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(webhooks, "send", broken)
+    monkeypatch.setattr(webhooks.deliverer, "send", broken)
     drain(make_deliverer())
     (last,) = attempts(dev_api, alice, endpoint)
     assert last["outcome"] == "retrying" and "internal error" in last["error"]
