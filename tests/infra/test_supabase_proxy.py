@@ -36,7 +36,7 @@ import psycopg
 import pytest
 from infra_support import ROOT, Frame, sse_frames
 
-from sftq_server.core.settings import Settings
+from sftq_server.core.settings import Settings, StreamSettings
 from sftq_server.dev.pgcluster import free_port
 from sftq_server.http.gateway import make_server
 from sftq_server.simulator import Simulator, SimulatorServer
@@ -117,10 +117,7 @@ class Stack:
 
 
 @pytest.fixture
-def stack(deno: str, db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
-    # The gateway's stream hub reads these when its first stream opens: a quick poll.
-    monkeypatch.setenv("SFTQ_STREAM_POLL_MS", "100")
-    monkeypatch.setenv("SFTQ_STREAM_HEARTBEAT_SECONDS", "1")
+def stack(deno: str, db_url: str) -> Iterator[Stack]:
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("SELECT sftq.create_user('alice', 2)")
         row = conn.execute("SELECT key FROM sftq.issue_key('alice')").fetchone()
@@ -130,7 +127,10 @@ def stack(deno: str, db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[S
     sim.start()
     settings = Settings(database_url=db_url, tick_secret=TICK_SECRET,
                         fireworks_base_url=sim.url, fireworks_api_key="fw-proxy-test-key",
-                        fireworks_account_id=ACCOUNT, fireworks_timeout_seconds=5.0)
+                        fireworks_account_id=ACCOUNT, fireworks_timeout_seconds=5.0,
+                        # The gateway's stream hub: a quick poll, and a heartbeat each second
+                        # (a stream whose client left ends at its next write).
+                        stream=StreamSettings(poll_ms=100, heartbeat_seconds=1))
     server = make_server("127.0.0.1", 0, settings)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
