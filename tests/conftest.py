@@ -13,6 +13,11 @@ from typing import Any
 
 import psycopg
 import pytest
+
+# The suite's tests from before the pre-flight check (issue 44) post placeholder payloads
+# (`{}`), which the check refuses; they run with it off, and tests/functions/test_preflight.py
+# turns it on.
+os.environ.setdefault("SFTQ_PREFLIGHT", "off")
 from pytest_postgresql.janitor import DatabaseJanitor
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -273,7 +273,7 @@ def test_unknown_fields_are_rejected_by_name(api: Api, alice: str) -> None:
     assert "gpus" in err["error"] and "displayName" in err["error"]
     assert err["details"]["unknown_fields"] == ["displayName", "gpus"]
     assert err["details"]["allowed_fields"] == ["display_name", "fireworks_payload", "gpu_count",
-                                                "kind", "queue_timeout_seconds"]
+                                                "kind", "queue_timeout_seconds", "validate"]
     assert api.get("/jobs", alice).json == []
 
 

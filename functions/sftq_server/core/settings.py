@@ -118,6 +118,10 @@ class Settings:
     gateway_threads: int = 8
     # Analytics may read from a replica (ANALYTICS_DATABASE_URL); empty: the main database.
     analytics_database_url: str = ""
+    # Pre-flight (docs/api.md): POST /jobs checks each fireworks_payload against Fireworks'
+    # create schema for its kind and refuses a definite error with 400 (a request's own
+    # "validate": "off" skips it). Read from SFTQ_PREFLIGHT even by Settings(...) made in code.
+    preflight: bool = field(default_factory=lambda: _bool("SFTQ_PREFLIGHT", True))
     stream: StreamSettings = field(default_factory=StreamSettings)
 
     @property
@@ -154,6 +158,7 @@ class Settings:
             group_commit_linger_ms=_float("SFTQ_GROUP_COMMIT_LINGER_MS", 1.0),
             gateway_threads=_int("SFTQ_GATEWAY_THREADS", 8),
             analytics_database_url=os.environ.get("ANALYTICS_DATABASE_URL", ""),
+            preflight=_bool("SFTQ_PREFLIGHT", True),
             stream=StreamSettings.from_env(),
         )
 

@@ -75,6 +75,7 @@ RouteRow = tuple[str, str, Callable[[Handlers], RouteFn]]
 # never taken for /jobs/{id}.
 JOBS_API: list[RouteRow] = [
     ("POST", "/jobs", lambda h: h.jobs.submit),
+    ("POST", "/jobs:validate", lambda h: h.jobs.validate),
     ("GET", "/jobs", lambda h: h.jobs.list_jobs),
     ("GET", "/jobs/{id}", lambda h: h.jobs.get_job),
     ("DELETE", "/jobs/{id}", lambda h: h.jobs.cancel_job),

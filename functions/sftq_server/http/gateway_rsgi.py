@@ -284,8 +284,9 @@ class RsgiGateway:
         try:
             key_hash, idem = submit_headers(request)
             body = await read_body(proto, request.headers, self._max_body)
-            answer = await self.group_commit.submit(submit_params(key_hash, idem, body))
-            response = created(request, answer)
+            params, warnings = submit_params(key_hash, idem, body, self.gateway.settings.preflight)
+            answer = await self.group_commit.submit(params)
+            response = created(request, answer, warnings)
         except Exception as exc:
             response = self._jobs.failed(request, "/jobs", exc)
         self._jobs.log_access(request, "/jobs", response.status, started)

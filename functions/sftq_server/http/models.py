@@ -51,6 +51,8 @@ class SubmitRequest(_Strict):
     gpu_count: StrictInt = Field(default=DEFAULT_GPU_COUNT, ge=1, le=MAX_GPU_COUNT)
     # How long the job may stay QUEUED before the scheduler cancels it (issue 10).
     queue_timeout_seconds: StrictInt | None = Field(default=None, ge=1, le=MAX_QUEUE_TIMEOUT)
+    # Issue 44: "off" skips the pre-flight shape check for this request.
+    validate_: Literal["on", "off"] = Field(default="on", alias="validate")
 
     @field_validator("kind", mode="before")
     @classmethod
@@ -59,7 +61,8 @@ class SubmitRequest(_Strict):
         return upper_ascii(value)
 
 
-SUBMIT_FIELDS: frozenset[str] = frozenset(SubmitRequest.model_fields)
+SUBMIT_FIELDS: frozenset[str] = frozenset(f.alias or name
+                                          for name, f in SubmitRequest.model_fields.items())
 
 
 class _Body(BaseModel):
@@ -73,11 +76,33 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
-class SubmitResponse(_Body):
+class PreflightFinding(_Body):
+    """One finding of the pre-flight check: where in the request, and what to do."""
+
+    path: str
+    message: str
+
+
+class _Enqueued(_Body):
     id: UUID
     kind: Kind
     state: State
     created_at: str
+
+
+class SubmitResponse(_Enqueued):
+    # Issue 44: what the shape check found doubtful (present only when it found something).
+    warnings: list[PreflightFinding] | None = None
+
+
+class ValidateResponse(_Body):
+    """POST /jobs:validate: every check run, nothing enqueued."""
+
+    valid: bool
+    kind: Kind
+    errors: list[PreflightFinding]
+    warnings: list[PreflightFinding]
+    schema_version: str
 
 
 class Job(_Body):
@@ -96,7 +121,7 @@ class Job(_Body):
     retry_of: UUID | None
 
 
-class RetryResponse(SubmitResponse):
+class RetryResponse(_Enqueued):
     """POST /jobs/{id}/retry: the new job, in the enqueue shape, and the job it retries."""
 
     retry_of: UUID

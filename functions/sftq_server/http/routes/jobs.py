@@ -53,6 +53,8 @@ from sftq_server.http.models import (
     SubmitRequest,
 )
 from sftq_server.http.web import JSON_HEADERS, Request, Response
+from sftq_server.preflight import Finding, ShapeReport, check_shape
+from sftq_server.preflight.schema import schema_version
 
 logger = logging.getLogger("sftq.api")
 
@@ -95,6 +97,7 @@ _FIELD_MESSAGES = {
     "display_name": f"display_name must be a string of at most {MAX_DISPLAY_NAME} characters",
     "queue_timeout_seconds": f"queue_timeout_seconds must be an integer from 1 to "
                              f"{MAX_QUEUE_TIMEOUT} (30 days)",
+    "validate": 'validate must be "on" (the default) or "off" (skip the pre-flight check)',
 }
 
 
@@ -165,20 +168,42 @@ def submit_headers(request: Request) -> tuple[bytes, str | None]:
     return key_hash, idempotency_key(request)
 
 
-def submit_params(key_hash: bytes, idem: str | None, body: bytes) -> Params:
-    """POST /jobs: what the group commit takes, from the checked headers and the body."""
+def preflight(req: SubmitRequest, enabled: bool = True) -> ShapeReport:
+    """The pre-flight shape check of a parsed POST /jobs body: a definite error is the 400
+    `invalid_fireworks_payload` (each finding's path and what to fix); the doubtful findings
+    are the caller's to report."""
+    if not enabled or req.validate_ == "off":
+        return ShapeReport()
+    report = check_shape(req.kind, req.fireworks_payload)
+    if report.errors:
+        raise BadRequest("fireworks_payload would fail at Fireworks: "
+                         + "; ".join(f.message for f in report.errors),
+                         code="invalid_fireworks_payload",
+                         detail=[f.as_json() for f in report.errors])
+    return report
+
+
+def submit_params(key_hash: bytes, idem: str | None, body: bytes,
+                  check: bool = True) -> tuple[Params, list[Finding]]:
+    """POST /jobs: what the group commit takes, from the checked headers and the body, and
+    the pre-flight check's warnings for the 201."""
     req, payload = parse_submit(body)
+    report = preflight(req, check)
     return (key_hash, req.kind, payload, req.display_name, req.gpu_count, idem,
-            req.queue_timeout_seconds)
+            req.queue_timeout_seconds), report.warnings
 
 
-def created(request: Request, answer: Answer) -> Response:
+def created(request: Request, answer: Answer, warnings: list[Finding] | None = None) -> Response:
     """POST /jobs: the 201 for the group commit's answer."""
     body, replayed, job_id = answer
     request.job_id = job_id
     headers = [*JSON_HEADERS, ("Location", f"{request.script_name}/jobs/{job_id}")]
     if replayed:
         headers.append(("Idempotent-Replayed", "true"))
+    if warnings:
+        # The procedure's body is one JSON object; the warnings join it as its last field.
+        found = json.dumps([f.as_json() for f in warnings], ensure_ascii=False)
+        body = f'{body[:-1]},"warnings":{found}}}'
     return Response(201, body.encode(), headers)
 
 
@@ -203,8 +228,21 @@ class JobsApi:
     # awaited body and group commit between them.
     def submit(self, request: Request) -> Response:
         key_hash, idem = submit_headers(request)
-        params = submit_params(key_hash, idem, request.read_body(self.max_body))
-        return created(request, self.group_commit.submit(params))
+        params, warnings = submit_params(key_hash, idem, request.read_body(self.max_body),
+                                         self.settings.preflight)
+        return created(request, self.group_commit.submit(params), warnings)
+
+    # POST /jobs:validate: the same body as POST /jobs, every check, nothing enqueued.
+    def validate(self, request: Request) -> Response:
+        authenticate(request)
+        check_json_content_type(request)
+        req, _ = parse_submit(request.read_body(self.max_body))
+        report = check_shape(req.kind, req.fireworks_payload)
+        body = {"valid": not report.errors, "kind": req.kind,
+                "errors": [f.as_json() for f in report.errors],
+                "warnings": [f.as_json() for f in report.warnings],
+                "schema_version": f"fireworks-ai {schema_version()}"}
+        return Response(200, json.dumps(body, ensure_ascii=False).encode(), list(JSON_HEADERS))
 
     # GET /jobs
     def list_jobs(self, request: Request) -> Response:
