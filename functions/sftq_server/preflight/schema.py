@@ -94,7 +94,8 @@ def _object(td: Any, skip: set[str] | None = None) -> dict[str, Any]:
         alias = _alias(_unrequired(hint), name)
         # (the SDK's modules use postponed annotations, so __required_keys__ is empty and
         # Required[...] shows only in the resolved hint)
-        if te.get_origin(hint) in (te.Required,) or name in td.__required_keys__:
+        origin: Any = te.get_origin(hint)
+        if origin is te.Required or name in td.__required_keys__:
             required.append(alias)
         fields[alias] = _node(hint)
     node: dict[str, Any] = {"type": "object", "fields": dict(sorted(fields.items()))}
