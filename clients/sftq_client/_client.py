@@ -40,6 +40,7 @@ from .models import (
     StreamEvent,
     SubmitResult,
     Summary,
+    ValidateResult,
 )
 
 __all__ = ["DEFAULT_MAX_RETRIES", "DEFAULT_TIMEOUT", "AsyncClient", "Client"]
@@ -88,6 +89,28 @@ class Client:
     def _send(self, call: Call[T]) -> T:
         return _transport.send(self._http, self._core, call)
 
+    def validate(
+        self,
+        kind: Kind | str,
+        fireworks_payload: Mapping[str, Any],
+        *,
+        display_name: str | None = None,
+        gpu_count: int | None = None,
+        queue_timeout_seconds: int | None = None,
+    ) -> ValidateResult:
+        """Run the queue's pre-flight checks on a job without enqueueing it (POST
+        /jobs:validate): ``valid`` is False when submit() would be refused, and ``errors`` say
+        where and what to fix."""
+        return self._send(
+            self._core.validate(
+                kind,
+                fireworks_payload,
+                display_name=display_name,
+                gpu_count=gpu_count,
+                queue_timeout_seconds=queue_timeout_seconds,
+            )
+        )
+
     def submit(
         self,
         kind: Kind | str,
@@ -97,11 +120,14 @@ class Client:
         gpu_count: int | None = None,
         idempotency_key: str | None = None,
         queue_timeout_seconds: int | None = None,
+        validate: bool = True,
     ) -> SubmitResult:
         """Enqueue a job. A fresh Idempotency-Key is generated unless one is given.
 
         ``queue_timeout_seconds`` (1 to 2,592,000): if the job is still QUEUED that long after
-        it was submitted, the scheduler cancels it.
+        it was submitted, the scheduler cancels it. ``validate=False`` skips the queue's
+        pre-flight check of ``fireworks_payload`` (a definite error otherwise raises
+        BadRequest with code ``invalid_fireworks_payload``; doubts come back in ``warnings``).
         """
         return self._send(
             self._core.submit(
@@ -111,6 +137,7 @@ class Client:
                 gpu_count=gpu_count,
                 idempotency_key=idempotency_key,
                 queue_timeout_seconds=queue_timeout_seconds,
+                validate=validate,
             )
         )
 
@@ -304,6 +331,28 @@ class AsyncClient:
     async def _send(self, call: Call[T]) -> T:
         return await _transport.asend(self._http, self._core, call)
 
+    async def validate(
+        self,
+        kind: Kind | str,
+        fireworks_payload: Mapping[str, Any],
+        *,
+        display_name: str | None = None,
+        gpu_count: int | None = None,
+        queue_timeout_seconds: int | None = None,
+    ) -> ValidateResult:
+        """Run the queue's pre-flight checks on a job without enqueueing it (POST
+        /jobs:validate): ``valid`` is False when submit() would be refused, and ``errors`` say
+        where and what to fix."""
+        return await self._send(
+            self._core.validate(
+                kind,
+                fireworks_payload,
+                display_name=display_name,
+                gpu_count=gpu_count,
+                queue_timeout_seconds=queue_timeout_seconds,
+            )
+        )
+
     async def submit(
         self,
         kind: Kind | str,
@@ -313,6 +362,7 @@ class AsyncClient:
         gpu_count: int | None = None,
         idempotency_key: str | None = None,
         queue_timeout_seconds: int | None = None,
+        validate: bool = True,
     ) -> SubmitResult:
         return await self._send(
             self._core.submit(
@@ -322,6 +372,7 @@ class AsyncClient:
                 gpu_count=gpu_count,
                 idempotency_key=idempotency_key,
                 queue_timeout_seconds=queue_timeout_seconds,
+                validate=validate,
             )
         )
 

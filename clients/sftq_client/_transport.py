@@ -56,6 +56,7 @@ from .models import (
     State,
     SubmitResult,
     Summary,
+    ValidateResult,
 )
 
 T = TypeVar("T")
@@ -306,7 +307,40 @@ class Core:
         gpu_count: int | None,
         idempotency_key: str | None,
         queue_timeout_seconds: int | None = None,
+        validate: bool = True,
     ) -> Call[SubmitResult]:
+        body = self._job_body(kind, fireworks_payload, display_name, gpu_count,
+                              queue_timeout_seconds)
+        if not validate:
+            body["validate"] = "off"
+        # Generated once per submit() and reused by every retry: the server dedupes on it, which is
+        # the only thing that makes retrying a POST safe.
+        key = idempotency_key or str(uuid.uuid4())
+        return Call(
+            "POST",
+            "/jobs",
+            model_parser(SubmitResult),
+            json=body,
+            headers={"Idempotency-Key": key},
+        )
+
+    def validate(
+        self,
+        kind: Kind | str,
+        fireworks_payload: Mapping[str, Any],
+        *,
+        display_name: str | None,
+        gpu_count: int | None,
+        queue_timeout_seconds: int | None = None,
+    ) -> Call[ValidateResult]:
+        body = self._job_body(kind, fireworks_payload, display_name, gpu_count,
+                              queue_timeout_seconds)
+        return Call("POST", "/jobs:validate", model_parser(ValidateResult), json=body)
+
+    @staticmethod
+    def _job_body(kind: Kind | str, fireworks_payload: Mapping[str, Any],
+                  display_name: str | None, gpu_count: int | None,
+                  queue_timeout_seconds: int | None) -> dict[str, Any]:
         if not isinstance(fireworks_payload, Mapping):
             raise TypeError(
                 "fireworks_payload must be a mapping (the body you would send to Fireworks)"
@@ -320,16 +354,7 @@ class Core:
             body["gpu_count"] = gpu_count
         if queue_timeout_seconds is not None:
             body["queue_timeout_seconds"] = queue_timeout_seconds
-        # Generated once per submit() and reused by every retry: the server dedupes on it, which is
-        # the only thing that makes retrying a POST safe.
-        key = idempotency_key or str(uuid.uuid4())
-        return Call(
-            "POST",
-            "/jobs",
-            model_parser(SubmitResult),
-            json=body,
-            headers={"Idempotency-Key": key},
-        )
+        return body
 
     def list_jobs(
         self,

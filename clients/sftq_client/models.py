@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "KINDS",
@@ -85,13 +85,32 @@ class Job(_Model):
         return self.state in TERMINAL_STATES
 
 
+class PreflightFinding(_Model):
+    """One finding of the queue's pre-flight check: where in the request, and what to do."""
+
+    path: str
+    message: str
+
+
 class SubmitResult(_Model):
-    """The answer to ``POST /jobs`` (also what an idempotent replay answers)."""
+    """The answer to ``POST /jobs`` (also what an idempotent replay answers). ``warnings``:
+    what the pre-flight check found doubtful (the job is enqueued all the same)."""
 
     id: str
     kind: Kind
     state: State
     created_at: datetime
+    warnings: list[PreflightFinding] = Field(default_factory=list)
+
+
+class ValidateResult(_Model):
+    """The answer to ``POST /jobs:validate``: the findings; nothing was enqueued."""
+
+    valid: bool
+    kind: Kind
+    errors: list[PreflightFinding]
+    warnings: list[PreflightFinding]
+    schema_version: str
 
 
 class RetryResult(SubmitResult):

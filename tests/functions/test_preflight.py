@@ -142,3 +142,40 @@ def test_the_checked_in_schema_is_the_sdks() -> None:
     pytest.importorskip("fireworks")
     assert json.loads(SCHEMA_FILE.read_text()) == json.loads(json.dumps(generate())), \
         "run `python -m sftq_server.preflight.schema` to regenerate fireworks_schema.json"
+
+
+def test_the_client_and_the_cli_dry_run(base: str, key: str, db_url: str, tmp_path: Any,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from sftq_client import AsyncClient, BadRequest, Client
+    from sftq_client.cli import main
+
+    with Client(key, base) as client:
+        checked = client.validate("SFT", {**SFT, "learningrate": 1})
+        assert not checked.valid and checked.errors[0].path == "fireworks_payload.learningrate"
+        with pytest.raises(BadRequest) as refused:
+            client.submit("SFT", {**SFT, "learningrate": 1})
+        assert refused.value.code == "invalid_fireworks_payload"
+        accepted = client.submit("SFT", {**SFT, "someNewField": 1})
+        assert [w.path for w in accepted.warnings] == ["fireworks_payload.someNewField"]
+        assert client.submit("SFT", {}, validate=False).state == "QUEUED"
+
+    import asyncio
+
+    async def use_async() -> bool:
+        async with AsyncClient(key, base) as client:
+            return (await client.validate("RFT", {"dataset": "d", "evaluator": "e"})).valid
+
+    assert asyncio.run(use_async()) is True
+    assert count_jobs(db_url) == 2
+
+    bad = tmp_path / "sft.json"
+    bad.write_text(json.dumps({**SFT, "learningrate": 1}))
+    common = ["--api-url", base, "--api-key", key]
+    assert main(["submit", *common, "--payload", str(bad), "--dry-run"]) == 7
+    printed = capsys.readouterr().out
+    assert "did you mean 'learningRate'?" in printed and "would be refused" in printed
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(SFT))
+    assert main(["submit", *common, "--kind", "sft", "--payload", str(good), "--dry-run"]) == 0
+    assert "would be accepted" in capsys.readouterr().out
+    assert count_jobs(db_url) == 2

@@ -18,6 +18,7 @@ from ..resources.stream import StreamUnavailable, wait_streaming
 from ._common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_REJECTED,
     ID_HELP,
     CommandFactory,
     Context,
@@ -171,6 +172,8 @@ def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
     if kind is None:
         raise UsageError("--kind SFT|DPO|RFT is required (it could not be told from the file name)")
     payload = _read_payload(args.payload, kind)
+    if args.dry_run:
+        return _dry_run(args, ctx, kind, payload)
     result = ctx.client.submit(
         kind,
         payload,
@@ -178,7 +181,10 @@ def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
         gpu_count=args.gpu_count,
         idempotency_key=args.idempotency_key,
         queue_timeout_seconds=args.queue_timeout,
+        validate=not args.no_validate,
     )
+    for warning in result.warnings:
+        err(f"warning: {warning.message}")
     if args.wait:
         # The id goes to stderr first so it is not lost if the wait is interrupted.
         err(f"queued {result.id} ({result.kind}); waiting for it to finish")
@@ -191,6 +197,29 @@ def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
         out(f"queued {result.id} ({result.kind}) at {fmt_time(result.created_at)}")
         out(f"follow it with: sftq wait {result.id}")
     return EXIT_OK
+
+
+def _dry_run(args: argparse.Namespace, ctx: Context, kind: str, payload: Any) -> int:
+    """`sftq submit --dry-run`: every pre-flight check, nothing enqueued; exit 0 when the job
+    would be accepted, EXIT_REJECTED when not."""
+    result = ctx.client.validate(
+        kind,
+        payload,
+        display_name=args.display_name,
+        gpu_count=args.gpu_count,
+        queue_timeout_seconds=args.queue_timeout,
+    )
+    if args.json:
+        print_json(result)
+    else:
+        for finding in result.errors:
+            out(f"error: {finding.message}")
+        for finding in result.warnings:
+            out(f"warning: {finding.message}")
+        verdict = "would be accepted" if result.valid else "would be refused"
+        out(f"{result.kind} job {verdict} (checked against {result.schema_version}); "
+            "nothing was enqueued")
+    return EXIT_OK if result.valid else EXIT_REJECTED
 
 
 # What a plain `sftq list` shows: the newest jobs, with a note when more exist.
@@ -360,6 +389,17 @@ def register(command: CommandFactory) -> None:
         "1 second to 30 days)",
     )
     p.add_argument("--wait", action="store_true", help="then wait for the job like `sftq wait`")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run the queue's pre-flight checks on the job and enqueue nothing "
+        "(exit 0: it would be accepted; 7: it would be refused)",
+    )
+    p.add_argument(
+        "--no-validate",
+        action="store_true",
+        help='skip the pre-flight check of the payload (sends "validate": "off")',
+    )
     add_wait_options(p)
     add_json(p)
     p.set_defaults(handler=_cmd_submit)
