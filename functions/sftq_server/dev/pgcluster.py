@@ -3,8 +3,9 @@
 Uses the machine's PostgreSQL binaries when there are any, else the ones bundled in the
 pip package `pgserver`. PostgreSQL refuses to run as root, so as root the cluster runs
 as the `postgres` user (through runuser) in a folder that user owns; binaries that user
-cannot run where they are (a virtualenv in a private home folder) are copied once to a
-cache it can read (runnable_bindir).
+cannot run where they are (a virtualenv in a private home folder) are copied once, with the
+libraries they load, to a cache it can read (runnable_bindir; /var/cache/sftq, or
+$SFTQ_CACHE_DIR).
 
 The folder holds the data (pgdata, made 0700 by initdb), the Unix socket in a 0700 folder of
 its own, and the server log (0600). With a password the cluster is reachable over TCP only
@@ -27,8 +28,12 @@ import time
 from pathlib import Path
 from typing import Literal
 
-# Where copies of server binaries live when the postgres user cannot run them in place.
+# Where copies of server binaries live when the postgres user cannot run them in place
+# (SFTQ_CACHE_DIR, when set, instead).
 BINARY_CACHE = Path("/var/cache/sftq")
+# Part of a copy's name: a copy made by a version of this module that laid copies out
+# differently (one that left the libraries behind) is never taken for a good one.
+_COPY_LAYOUT = b"sftq-postgres-copy-2"
 # The binaries a cluster runs; each must be runnable by the cluster's owner.
 _SERVER_TOOLS = ("initdb", "pg_ctl", "postgres")
 # Libraries found here are the system's and stay where they are; others travel with a copy.
@@ -115,21 +120,109 @@ def _run_error(bindir: Path, user: str) -> str | None:
     return None
 
 
-def _private_libraries(bindir: Path) -> set[Path]:
-    """Shared libraries the server binaries load from outside the system's library folders
-    (pgserver's `pgserver.libs`, found through an $ORIGIN-relative RPATH): a copy of the
-    binaries must bring them along, at the same place relative to the binaries."""
-    found: set[Path] = set()
-    ldd = shutil.which("ldd")
-    if ldd is None:
+def _elf_search_dirs(path: Path) -> list[str]:
+    """The RPATH and RUNPATH entries of an ELF file as written ($ORIGIN unexpanded); [] for a
+    file that is not ELF or has none. Read here rather than through ldd or readelf, which a
+    machine (or a PATH) may not have: without them a copy left its libraries behind."""
+    try:
+        with path.open("rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    if data[:4] != b"\x7fELF" or data[4] not in (1, 2) or data[5] not in (1, 2):
+        return []
+    wide, end = data[4] == 2, "<" if data[5] == 1 else ">"
+    try:
+        if wide:
+            (phoff,) = struct.unpack_from(end + "Q", data, 0x20)
+            phentsize, phnum = struct.unpack_from(end + "HH", data, 0x36)
+        else:
+            (phoff,) = struct.unpack_from(end + "I", data, 0x1C)
+            phentsize, phnum = struct.unpack_from(end + "HH", data, 0x2A)
+        loads: list[tuple[int, int, int]] = []  # (vaddr, offset, size in the file)
+        dynamic: tuple[int, int] | None = None  # (offset, size)
+        for i in range(phnum):
+            at = phoff + i * phentsize
+            if wide:
+                p_type, _, p_offset, p_vaddr, _, p_filesz = struct.unpack_from(
+                    end + "IIQQQQ", data, at
+                )
+            else:
+                p_type, p_offset, p_vaddr, _, p_filesz = struct.unpack_from(end + "IIIII", data, at)
+            if p_type == 1:  # PT_LOAD
+                loads.append((p_vaddr, p_offset, p_filesz))
+            elif p_type == 2:  # PT_DYNAMIC
+                dynamic = (p_offset, p_filesz)
+        if dynamic is None:
+            return []
+        entry = struct.Struct(end + ("qQ" if wide else "iI"))
+        strtab, paths = None, []
+        for at in range(dynamic[0], dynamic[0] + dynamic[1] - entry.size + 1, entry.size):
+            tag, value = entry.unpack_from(data, at)
+            if tag == 0:  # DT_NULL
+                break
+            if tag == 5:  # DT_STRTAB (an address)
+                strtab = value
+            elif tag in (15, 29):  # DT_RPATH, DT_RUNPATH (offsets into the string table)
+                paths.append(value)
+        if strtab is None:
+            return []
+        base = next(
+            (off + strtab - va for va, off, size in loads if va <= strtab < va + size), None
+        )
+        if base is None:
+            return []
+        found: list[str] = []
+        for offset in paths:
+            start = base + offset
+            text = data[start : data.index(b"\0", start)].decode("utf-8", "replace")
+            found.extend(item for item in text.split(":") if item)
         return found
-    for tool in _SERVER_TOOLS:
-        out = subprocess.run([ldd, str(bindir / tool)], capture_output=True, text=True, check=False)
-        for line in out.stdout.splitlines():
-            _, arrow, rest = line.partition("=>")
-            path = rest.strip().split(" (")[0] if arrow else ""
-            if path.startswith("/") and not path.startswith(_SYSTEM_LIB_DIRS):
-                found.add(Path(path).resolve())
+    except (struct.error, ValueError):
+        return []
+
+
+def _elf_files(folder: Path) -> list[Path]:
+    return sorted(
+        p for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and p.suffix != ".a"
+    )
+
+
+def _private_library_dirs(prefix: Path) -> set[Path]:
+    """Folders outside the installation `prefix` that its binaries and libraries (the server's
+    modules too, which it loads when it needs them) find libraries in through an
+    $ORIGIN-relative RPATH or RUNPATH: pgserver's `pgserver.libs` beside the package, from
+    `$ORIGIN/../../../pgserver.libs`. A copy of the installation must bring them along, at
+    the same place relative to it. An absolute RPATH names the same folder from the copy as
+    from the original, so it does not travel."""
+    found: set[Path] = set()
+    todo = [prefix / "bin", prefix / "lib"]
+    seen: set[Path] = set()
+    while todo:
+        folder = todo.pop()
+        if folder in seen or not folder.is_dir():
+            continue
+        seen.add(folder)
+        for path in _elf_files(folder):
+            for entry in _elf_search_dirs(path):
+                if not entry.startswith(("$ORIGIN", "${ORIGIN}")):
+                    continue
+                origin = str(path.resolve().parent)
+                where = Path(entry.replace("${ORIGIN}", origin).replace("$ORIGIN", origin))
+                try:
+                    where = where.resolve(strict=True)
+                except OSError:
+                    continue
+                if (
+                    where.is_dir()
+                    and where != prefix
+                    and prefix not in where.parents
+                    and where not in prefix.parents  # never a folder holding the installation
+                    and not str(where).startswith(_SYSTEM_LIB_DIRS)
+                    and where not in found
+                ):
+                    found.add(where)
+                    todo.append(where)  # its libraries may name folders of their own
     return found
 
 
@@ -171,25 +264,41 @@ def _copy_sources(bindir: Path) -> tuple[Path, list[Path]]:
     """What a copy of bindir's installation holds: the common folder of it all (the anchor),
     and the folders copied under it: the installation, and private libraries outside it."""
     prefix = installation_root(bindir)  # bin, lib, share
-    libs = {lib.parent for lib in _private_libraries(bindir) if prefix not in lib.parents}
+    libs = _private_library_dirs(prefix)
     anchor = Path(os.path.commonpath([prefix, *libs]))
     return anchor, [prefix, *sorted(libs)]
 
 
-def _copy_for_postgres(bindir: Path, cache: Path) -> Path:
+def binary_cache() -> Path:
+    """Where copies of server binaries go: $SFTQ_CACHE_DIR, else /var/cache/sftq."""
+    return Path(os.environ.get("SFTQ_CACHE_DIR") or BINARY_CACHE)
+
+
+def _copy_for_postgres(bindir: Path, cache: Path, *, replace: bool = False) -> Path:
     """A copy of the installation around bindir under `cache`, readable by everyone; the
-    copied bindir. Keyed by content, made once (atomically: a copy in progress is never used)."""
+    copied bindir. The installation (bin, lib, share) with the library folders its binaries
+    find through $ORIGIN (_private_library_dirs), keyed by their content, made once:
+    atomically (a copy in progress is never used, and of two made at once one wins).
+    replace: the copy under that key is broken; make it again."""
     anchor, sources = _copy_sources(bindir)
     prefix, libs = sources[0], sources[1:]
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(_COPY_LAYOUT)
     for path in sorted([*(bindir / t for t in _SERVER_TOOLS), *libs]):
         if path.is_file():
             digest.update(path.read_bytes())
         else:
+            digest.update(str(path.relative_to(anchor)).encode())
             for item in sorted(p for p in path.iterdir() if p.is_file()):
                 digest.update(item.name.encode() + item.read_bytes())
     target = cache / f"postgres-{digest.hexdigest()[:16]}"
     copied_bindir = target / (bindir / "postgres").resolve().parent.relative_to(anchor)
+    if replace and target.exists():
+        # Moved aside in one step, so no start ever sees half of it; a start that moved
+        # it first does the same, and one of the two fresh copies below wins.
+        aside = cache / f".{target.name}.stale.{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            target.rename(aside)
+        shutil.rmtree(aside, ignore_errors=True)
     if (target / ".complete").exists():
         return copied_bindir
     cache.mkdir(parents=True, exist_ok=True)
@@ -223,28 +332,32 @@ def _copy_for_postgres(bindir: Path, cache: Path) -> Path:
     return copied_bindir
 
 
-def runnable_bindir(bindir: Path, user: str = "postgres", cache: Path = BINARY_CACHE) -> Path:
+def runnable_bindir(bindir: Path, user: str = "postgres", cache: Path | None = None) -> Path:
     """bindir when `user` can run its server binaries, else a copy of them it can run.
 
     Only matters as root (the server then runs as `user`): binaries inside a folder only root
-    may enter, such as a virtualenv under /root, are copied once to `cache`.
+    may enter, such as a virtualenv under /root, are copied once to `cache` (binary_cache()).
+    A copy there that does not run (made by hand, or by an older version) is made again.
     """
     if not _as_root() or _run_error(bindir, user) is None:
         return bindir
-    try:
-        copied = _copy_for_postgres(bindir, cache)
-    except OSError as exc:
-        raise ClusterError(
-            f"the {user} user cannot run the PostgreSQL binaries in {bindir}, and copying them "
-            f"to {cache} failed: {exc}"
-        ) from exc
-    error = _run_error(copied, user)
-    if error is not None:
-        raise ClusterError(
-            f"the {user} user cannot run the PostgreSQL binaries in {bindir}, nor their copy "
-            f"in {copied} ({error})"
-        )
-    return copied
+    cache = cache or binary_cache()
+    error = None
+    for replace in (False, True):
+        try:
+            copied = _copy_for_postgres(bindir, cache, replace=replace)
+        except OSError as exc:
+            raise ClusterError(
+                f"the {user} user cannot run the PostgreSQL binaries in {bindir}, and copying "
+                f"them to {cache} failed: {exc}"
+            ) from exc
+        error = _run_error(copied, user)
+        if error is None:
+            return copied
+    raise ClusterError(
+        f"the {user} user cannot run the PostgreSQL binaries in {bindir}, nor their copy "
+        f"in {copied} ({error})"
+    )
 
 
 # -- processes -------------------------------------------------------------------------
