@@ -192,7 +192,9 @@ def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
             ctx, result.id, interval=args.interval, timeout=args.timeout, as_json=args.json
         )
     if args.json:
-        print_json(result)
+        # As the server answers it: `warnings` only when the pre-flight check found some.
+        shown = result.model_dump(mode="json", exclude=None if result.warnings else {"warnings"})
+        out(json.dumps(shown, indent=2))
     else:
         out(f"queued {result.id} ({result.kind}) at {fmt_time(result.created_at)}")
         out(f"follow it with: sftq wait {result.id}")
