@@ -664,10 +664,10 @@ function_sizing() {
 }
 
 FUNCTION_PACKAGES=(functions-framework 'psycopg[binary]' psycopg-pool pydantic httpx werkzeug
-    cryptography)
+    cryptography prometheus_client)
 # The image's pins are pip constraints, which take no extras: psycopg[binary] is two names.
 IMAGE_PACKAGES=(psycopg psycopg-binary psycopg-pool pydantic httpx werkzeug granian uvicorn
-    cryptography)
+    cryptography prometheus_client)
 CONSTRAINTS=''
 pin_requirements() {  # pin_requirements PKG...: name==version as installed beside the tested code
     "$PYTHON" - "$@" 2>&1 <<'PY'
