@@ -27,46 +27,6 @@ CREATE TABLE sftq.stream_instances (
 COMMENT ON TABLE sftq.stream_instances IS
     'One row per live stream server instance: how many streams it held open at its last refresh (sftq.stream_poll). A row past expires_at belongs to an instance that stopped refreshing and is not counted.';
 
--- The counts so far, from the rows as they are (the triggers count from here on).
-INSERT INTO sftq.metric_counts (name, labels, value)
-SELECT 'pending_jobs', jsonb_build_object('kind', k.kind), count(j.id) FILTER (WHERE j.state = 'QUEUED')
-  FROM (VALUES ('SFT'), ('DPO'), ('RFT')) k (kind) LEFT JOIN sftq.jobs j ON j.kind = k.kind
- GROUP BY k.kind
-UNION ALL
-SELECT 'running_jobs', jsonb_build_object('kind', k.kind), count(j.id) FILTER (WHERE j.state = 'PROGRESS')
-  FROM (VALUES ('SFT'), ('DPO'), ('RFT')) k (kind) LEFT JOIN sftq.jobs j ON j.kind = k.kind
- GROUP BY k.kind
-UNION ALL
-SELECT 'running_gpus', '{}', COALESCE(sum(j.gpu_count) FILTER (WHERE j.state = 'PROGRESS'), 0)
-  FROM sftq.jobs j
-UNION ALL
-SELECT 'admitted_jobs_total', '{}', count(*) FILTER (WHERE j.started_at IS NOT NULL)
-  FROM sftq.jobs j
-UNION ALL
-SELECT 'finished_jobs_total',
-       jsonb_build_object('state', j.state, 'failure_class', COALESCE(j.failure_class, '')),
-       count(*)
-  FROM sftq.jobs j
- WHERE j.state IN ('SUCCESS', 'FAIL', 'CANCELLED')
- GROUP BY j.state, j.failure_class
-UNION ALL
-SELECT 'webhook_deliveries_total', jsonb_build_object('result', a.outcome), count(*)
-  FROM sftq.webhook_attempts a
- GROUP BY a.outcome;
-
--- The admission wait of the jobs admitted so far, in the buckets sftq.metric_bucket uses
--- (sql/procedures/170_metrics.sql; these bounds are its bounds at this migration).
-WITH waits AS (
-    SELECT extract(epoch FROM j.started_at - j.created_at)::float8 AS s
-      FROM sftq.jobs j WHERE j.started_at IS NOT NULL
-), bucketed AS (
-    SELECT COALESCE((SELECT min(b)::text FROM unnest(ARRAY[1, 5, 15, 30, 60, 120, 300, 600, 1800,
-                                                            3600, 7200, 21600, 86400]::float8[]) b
-                      WHERE w.s <= b), '+Inf') AS le, w.s
-      FROM waits w
-)
-INSERT INTO sftq.metric_counts (name, labels, value)
-SELECT 'admission_wait_time_seconds_bucket', jsonb_build_object('le', b.le), count(*)
-  FROM bucketed b GROUP BY b.le
-UNION ALL
-SELECT 'admission_wait_time_seconds_sum', '{}', COALESCE(sum(b.s), 0) FROM bucketed b;
+-- The counts of the jobs already there are taken by sftq.metrics_rebuild, which
+-- sql/procedures/170_metrics.sql runs once, after it has created the triggers that count from
+-- then on.

@@ -202,6 +202,76 @@ CREATE TRIGGER scheduler_ticks_metrics
                        AND NEW.finished_at IS NOT NULL)
     EXECUTE FUNCTION sftq._metrics_tick_finished();
 
+CREATE OR REPLACE FUNCTION sftq.metrics_rebuild()
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_rows  integer;
+BEGIN
+    -- The job figures start again from the rows as they are; the tick's figures (durations,
+    -- provider calls) are history that the rows do not hold, so they stay.
+    LOCK TABLE sftq.jobs IN SHARE MODE;
+    DELETE FROM sftq.metric_counts
+     WHERE name IN ('pending_jobs', 'running_jobs', 'running_gpus', 'admitted_jobs_total',
+                    'finished_jobs_total', 'admission_wait_time_seconds_bucket',
+                    'admission_wait_time_seconds_sum', 'webhook_deliveries_total');
+    WITH kinds (kind) AS (VALUES ('SFT'), ('DPO'), ('RFT')),
+    waits AS (
+        SELECT extract(epoch FROM j.started_at - j.created_at)::float8 AS s
+          FROM sftq.jobs j WHERE j.started_at IS NOT NULL
+    ), rows AS (
+        SELECT 'pending_jobs' AS name, jsonb_build_object('kind', k.kind) AS labels,
+               count(j.id)::float8 AS value
+          FROM kinds k LEFT JOIN sftq.jobs j ON j.kind = k.kind AND j.state = 'QUEUED'
+         GROUP BY k.kind
+        UNION ALL
+        SELECT 'running_jobs', jsonb_build_object('kind', k.kind), count(j.id)
+          FROM kinds k LEFT JOIN sftq.jobs j ON j.kind = k.kind AND j.state = 'PROGRESS'
+         GROUP BY k.kind
+        UNION ALL
+        SELECT 'running_gpus', '{}', COALESCE(sum(j.gpu_count), 0)
+          FROM sftq.jobs j WHERE j.state = 'PROGRESS'
+        UNION ALL
+        SELECT 'admitted_jobs_total', '{}', count(*) FROM waits
+        UNION ALL
+        SELECT 'finished_jobs_total',
+               jsonb_build_object('state', j.state, 'failure_class', COALESCE(j.failure_class, '')),
+               count(*)
+          FROM sftq.jobs j
+         WHERE j.state IN ('SUCCESS', 'FAIL', 'CANCELLED')
+         GROUP BY j.state, j.failure_class
+        UNION ALL
+        SELECT 'admission_wait_time_seconds_bucket',
+               jsonb_build_object('le', sftq.metric_bucket('admission_wait_time_seconds', w.s)),
+               count(*)
+          FROM waits w GROUP BY 2
+        UNION ALL
+        SELECT 'admission_wait_time_seconds_sum', '{}', COALESCE(sum(w.s), 0) FROM waits w
+        UNION ALL
+        SELECT 'webhook_deliveries_total', jsonb_build_object('result', a.outcome), count(*)
+          FROM sftq.webhook_attempts a GROUP BY a.outcome
+    )
+    INSERT INTO sftq.metric_counts (name, labels, value)
+    SELECT r.name, r.labels, r.value FROM rows r;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    RETURN v_rows;
+END
+$$;
+COMMENT ON FUNCTION sftq.metrics_rebuild() IS
+    'Recounts the job figures of sftq.metric_counts (gauges, admitted and finished totals, the admission wait histogram) and the webhook attempts from the rows, for rows loaded without the triggers (a bulk load, a restore); the tick''s figures stay. Run once by this file when the counts are new. Locking contract: SHARE on jobs for its duration (writers of jobs wait), then rewrites those series'' rows. One pass over jobs.';
+
+-- The first time (0018 just made the table): count what is there. The triggers above exist
+-- from here on in this transaction, and the SHARE lock waits out any writer still running.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM sftq.metric_counts) THEN
+        PERFORM sftq.metrics_rebuild();
+    END IF;
+END
+$$;
+
 -- ---------------------------------------------------------------------------------------
 -- Reading them
 -- ---------------------------------------------------------------------------------------
