@@ -256,3 +256,20 @@ def test_without_any_credential_configured_it_says_what_to_set(db_url: str, mdb:
         assert "SFTQ_METRICS_TOKEN" in body["error"]
     finally:
         app.close()
+
+
+def test_refused_credentials_show_as_provider_401s(mapi: Api, db: Db, msettings: Settings,
+                                                   mdb: Database, fireworks: FireworksClient,
+                                                   sim_server: SimulatorServer) -> None:
+    """What the provider-auth alert (docs/operations.md) reads: the quota read answered 401."""
+    enqueue(mapi, db.user("alice"), "SFT")
+    sim_server.simulator.set_faults(rules=[{
+        "method": "GET", "path": r"/quotas/", "status": 401,
+        "body": {"code": 16, "message": "invalid API key", "details": []}}])
+    tick = run_tick(mdb, fireworks, msettings, holder="test")
+    assert tick["provider_auth_failed"] is True
+    samples, _ = scrape(mapi, METRICS_TOKEN)
+    requests = series(samples, "sftq_provider_requests_total")
+    assert requests[(("call", "get_quota"), ("status", "401"))] >= 1
+    assert samples[("sftq_tick_last_success_timestamp_seconds", ())] == 0.0  # never a clean tick
+    assert samples[("sftq_admitted_jobs_total", ())] == 0.0
