@@ -24,6 +24,7 @@ COPY pyproject.toml constraints.tx[t] ./
 RUN pip install --no-cache-dir $(test -f constraints.txt && echo -c constraints.txt) \
         "psycopg[binary]>=3.1.18" "psycopg-pool>=3.2" "pydantic>=2.6" "httpx>=0.27" \
         "werkzeug>=3.0" "granian>=1.6" "uvicorn>=0.30" "cryptography>=42" \
+        "prometheus_client>=0.20" \
     && useradd --system --no-create-home --uid 10001 sftq
 
 COPY functions/ functions/

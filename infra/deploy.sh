@@ -83,6 +83,7 @@ Settings (environment variables):
     SFTQ_SUBMIT_BACKOFF_SECONDS SFTQ_RECONCILE_GET_LIMIT SFTQ_TICK_INTERVAL_SECONDS
     SFTQ_CAPACITY_SHOW_USERS SFTQ_WEBHOOKS_ALLOW_PRIVATE SFTQ_GROUP_COMMIT_MAX
     SFTQ_GROUP_COMMIT_LINGER_MS SFTQ_GATEWAY_THREADS
+    SFTQ_METRICS_TOKEN (jobs-api's GET /metrics bearer; docs/operations.md, Metrics)
     SFTQ_STREAM_HEARTBEAT_SECONDS
     SFTQ_STREAM_MAX_SECONDS (below jobs-stream's 3600 s request timeout) SFTQ_STREAM_POLL_MS
   SFTQ_SECRET_PREFIX        Secret Manager names are PREFIX + short name (default sftq-)
@@ -614,7 +615,7 @@ function_env() {
             SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS SFTQ_MAX_BODY_BYTES \
             SFTQ_QUEUE_TIMEOUT_SECONDS SFTQ_USAGE_GRACE_SECONDS SFTQ_TICK_INTERVAL_SECONDS \
             SFTQ_CAPACITY_SHOW_USERS SFTQ_WEBHOOKS_ALLOW_PRIVATE SFTQ_GROUP_COMMIT_MAX \
-            SFTQ_GROUP_COMMIT_LINGER_MS SFTQ_GATEWAY_THREADS ;;
+            SFTQ_GROUP_COMMIT_LINGER_MS SFTQ_GATEWAY_THREADS SFTQ_METRICS_TOKEN ;;
         analytics) echo SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS \
             SFTQ_USAGE_GRACE_SECONDS SFTQ_TICK_INTERVAL_SECONDS ;;
         scheduler-tick) echo FIREWORKS_ACCOUNT_ID FIREWORKS_BASE_URL FIREWORKS_QUOTA_ID FIREWORKS_TIMEOUT \
@@ -664,10 +665,10 @@ function_sizing() {
 }
 
 FUNCTION_PACKAGES=(functions-framework 'psycopg[binary]' psycopg-pool pydantic httpx werkzeug
-    cryptography)
+    cryptography prometheus_client)
 # The image's pins are pip constraints, which take no extras: psycopg[binary] is two names.
 IMAGE_PACKAGES=(psycopg psycopg-binary psycopg-pool pydantic httpx werkzeug granian uvicorn
-    cryptography)
+    cryptography prometheus_client)
 CONSTRAINTS=''
 pin_requirements() {  # pin_requirements PKG...: name==version as installed beside the tested code
     "$PYTHON" - "$@" 2>&1 <<'PY'

@@ -4,7 +4,7 @@
 GRANT EXECUTE ON FUNCTION
     sftq.api_stream_open(bytea, text, uuid, text, xid8, integer, integer),
     sftq.stream_backlog(text, bigint, uuid, xid8, bigint, xid8, integer),
-    sftq.stream_poll(text, xid8, bigint, integer, bytea[], integer)
+    sftq.stream_poll(text, xid8, bigint, integer, bytea[], integer, integer)
 TO sftq_api;
 
 -- The tick refreshes queue frames through a trigger on its own record; the function is also

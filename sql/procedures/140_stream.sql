@@ -389,13 +389,16 @@ $$;
 COMMENT ON FUNCTION sftq.stream_backlog(text, bigint, uuid, xid8, bigint, xid8, integer) IS
     'The next page of a resumed stream''s backlog (after api_stream_open''s first page). Only for users the instance registered. Reads only.';
 
+-- p_open_streams joined the signature (issue 45: sftq_stream_connections).
+DROP FUNCTION IF EXISTS sftq.stream_poll(text, xid8, bigint, integer, bytea[], integer);
 CREATE OR REPLACE FUNCTION sftq.stream_poll(
-    p_instance     text,
-    p_after_txid   xid8,
-    p_after_id     bigint,
-    p_limit        integer,
-    p_key_hashes   bytea[] DEFAULT NULL,
-    p_ttl_seconds  integer DEFAULT 120)
+    p_instance      text,
+    p_after_txid    xid8,
+    p_after_id      bigint,
+    p_limit         integer,
+    p_key_hashes    bytea[] DEFAULT NULL,
+    p_ttl_seconds   integer DEFAULT 120,
+    p_open_streams  integer DEFAULT NULL)
 RETURNS TABLE (frame text, id bigint, txid text, job_id uuid, user_id bigint, state text, data text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -422,6 +425,14 @@ BEGIN
         DELETE FROM sftq.stream_watchers w
          WHERE (w.instance = p_instance AND w.key_id NOT IN (SELECT l.key_id FROM live l))
             OR (w.instance <> p_instance AND w.expires_at < now());
+        -- The instance's open streams, for GET /metrics (sftq.metrics sums live instances).
+        IF p_open_streams IS NOT NULL THEN
+            INSERT INTO sftq.stream_instances AS i (instance, open_streams, expires_at)
+            VALUES (p_instance, GREATEST(p_open_streams, 0), now() + make_interval(secs => p_ttl_seconds))
+            ON CONFLICT (instance) DO UPDATE
+               SET open_streams = EXCLUDED.open_streams, expires_at = EXCLUDED.expires_at;
+            DELETE FROM sftq.stream_instances i WHERE i.instance <> p_instance AND i.expires_at < now();
+        END IF;
         SELECT array_agg(h) INTO v_gone FROM unnest(p_key_hashes) h
          WHERE NOT EXISTS (SELECT 1 FROM sftq.api_keys k JOIN sftq.users u ON u.id = k.user_id
                             WHERE k.key_hash = h AND k.revoked_at IS NULL AND u.disabled_at IS NULL);
@@ -437,8 +448,8 @@ BEGIN
                                                  COALESCE(v_users, '{}'), p_limit);
 END
 $$;
-COMMENT ON FUNCTION sftq.stream_poll(text, xid8, bigint, integer, bytea[], integer) IS
-    'The one poll of a stream server instance, for all its open streams: the frames of its watched users with position after the cursor and txid below this snapshot''s xmin (the meta row''s horizon), at most p_limit rows scanned. With p_key_hashes it first refreshes the instance''s stream_watchers rows (every 30 s) and answers the keys that stopped being valid. Locking contract: upserts and deletes stream_watchers rows only.';
+COMMENT ON FUNCTION sftq.stream_poll(text, xid8, bigint, integer, bytea[], integer, integer) IS
+    'The one poll of a stream server instance, for all its open streams: the frames of its watched users with position after the cursor and txid below this snapshot''s xmin (the meta row''s horizon), at most p_limit rows scanned. With p_key_hashes it first refreshes the instance''s stream_watchers rows (every 30 s) and answers the keys that stopped being valid; with p_open_streams too it records the instance''s open stream count (stream_instances, same TTL). Locking contract: upserts and deletes stream_watchers and stream_instances rows only.';
 
 -- ---------------------------------------------------------------------------------------
 -- Queue frames: written when a tick ends, for users with an open stream

@@ -68,12 +68,16 @@ def explained_url(db_url: str) -> str:
     return f"{db_url}?options={quote(EXPLAIN_OPTIONS)}"
 
 
+METRICS_TOKEN = "jit-test-metrics-token-0123456789"
+
+
 @pytest.fixture
 def world(explained_url: str, db_url: str) -> Iterator[dict[str, Any]]:
     """alice with jobs in every state, bob with some queued, served by the whole gateway."""
     settings = Settings(database_url=explained_url, db_timeout_seconds=5.0,
                         fireworks_api_key="", fireworks_account_id="",
-                        webhooks_key="jit-test-webhooks-key-0123456789abcdefghij")
+                        webhooks_key="jit-test-webhooks-key-0123456789abcdefghij",
+                        metrics_token=METRICS_TOKEN)
     gateway = make_gateway(settings, provider_factory=FakeProvider)
     api = Api(Client(gateway), prefix=JOBS)
     with psycopg.connect(db_url, autocommit=True) as conn:
@@ -115,7 +119,9 @@ def test_no_route_compiles_a_plan_with_jit(world: dict[str, Any],
             continue  # the streams' queries: tests/stream's, on their own connection
         url = path.replace("{id}", job if path.startswith("/jobs") else str(uuid.uuid4()))
         url = url.replace("{name}", "app.js")
-        statuses[f"GET {path}"] = api.get(url, key).status_code
+        # GET /metrics takes an operator's credential, not a user's key.
+        bearer = METRICS_TOKEN if path == "/metrics" else key
+        statuses[f"GET {path}"] = api.get(url, bearer).status_code
     statuses["POST /jobs"] = api.submit(key, "SFT").status_code
     statuses["DELETE /jobs/{id}"] = api.delete(f"/jobs/{world['queued']}", key).status_code
     statuses["POST /jobs/{id}/retry"] = api.post(f"/jobs/{world['queued']}/retry",

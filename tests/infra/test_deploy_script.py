@@ -320,7 +320,7 @@ def test_functions_dry_run(deploy: Runner, tmp_path: Path) -> None:
     assert r.calls == []
 
     packages = ("functions-framework", "psycopg[binary]", "psycopg-pool", "pydantic", "httpx",
-                "werkzeug", "cryptography")
+                "werkzeug", "cryptography", "prometheus_client")
     pins = {f"{p}=={metadata.version(p.split('[')[0])}" for p in packages}
     for name, (file, entry) in FUNCTIONS.items():
         staged = build / name

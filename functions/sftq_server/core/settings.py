@@ -76,6 +76,9 @@ class Settings:
     db_timeout_seconds: float = 5.0
     max_body_bytes: int = 1_048_576
     tick_secret: str = ""
+    # A bearer for GET /metrics alone (besides the tick secret): a scraper need not hold the
+    # secret that drives the scheduler.
+    metrics_token: str = ""
     fireworks_base_url: str = "https://api.fireworks.ai"
     fireworks_api_key: str = ""
     fireworks_account_id: str = ""
@@ -137,6 +140,7 @@ class Settings:
             db_timeout_seconds=_float("SFTQ_DB_TIMEOUT_SECONDS", 5.0),
             max_body_bytes=_int("SFTQ_MAX_BODY_BYTES", 1_048_576),
             tick_secret=os.environ.get("SFTQ_TICK_SECRET", ""),
+            metrics_token=os.environ.get("SFTQ_METRICS_TOKEN", ""),
             fireworks_base_url=os.environ.get("FIREWORKS_BASE_URL", "https://api.fireworks.ai"),
             fireworks_api_key=os.environ.get("FIREWORKS_API_KEY", ""),
             fireworks_account_id=os.environ.get("FIREWORKS_ACCOUNT_ID", ""),

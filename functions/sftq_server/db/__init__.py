@@ -39,6 +39,8 @@ API_SUMMARY = "SELECT sftq.api_summary(%s)::text"
 API_JOB_ANALYTICS = "SELECT sftq.api_job_analytics(%s, %s)::text"
 # The database answers (health probe).
 API_HEALTH = "SELECT sftq.api_health()::text"
+# GET /metrics: every figure the scrape serves, as JSON (sql/procedures/170_metrics.sql).
+METRICS = "SELECT sftq.metrics()::text"
 
 # --- the live stream (stream.py): one open per stream, one poll per instance ------
 # Authenticate, check the job, validate Last-Event-ID, register the watcher; a meta row, then
@@ -55,7 +57,7 @@ STREAM_BACKLOG = (
 # The instance's poll: new frames of its watched users; with key hashes, refresh the watchers.
 STREAM_POLL = (
     "SELECT frame, id, txid, job_id, user_id, state, data "
-    "FROM sftq.stream_poll(%s, %s::xid8, %s, %s, %s, %s)"
+    "FROM sftq.stream_poll(%s, %s::xid8, %s, %s, %s, %s, %s)"
 )
 
 # --- visibility: history, waiting reasons, estimates, capacity ------------------------

@@ -20,6 +20,7 @@ from sftq_server.http.routes.dashboard import DashboardApi
 from sftq_server.http.routes.events import EventsApi
 from sftq_server.http.routes.jobs import JobsApi, ProviderFactory
 from sftq_server.http.routes.meta import MetaApi
+from sftq_server.http.routes.metrics import MetricsApi
 from sftq_server.http.routes.webhooks import WebhooksApi
 from sftq_server.http.web import App, RouteFn, Router
 from sftq_server.stream.paths import stream_unavailable
@@ -58,6 +59,10 @@ class Handlers:
     @cached_property
     def webhooks(self) -> WebhooksApi:
         return WebhooksApi(self.settings, self.db)
+
+    @cached_property
+    def metrics(self) -> MetricsApi:
+        return MetricsApi(self.settings, self.db)
 
     @cached_property
     def dashboard(self) -> DashboardApi:
@@ -103,6 +108,8 @@ JOBS_API: list[RouteRow] = [
     ("GET", "/capacity/history", lambda h: h.dashboard.gpu_history),
     ("GET", "/health", lambda h: h.meta.health),
     ("GET", "/openapi.json", lambda h: h.meta.openapi),
+    # Prometheus scrape, for operators (tick secret or SFTQ_METRICS_TOKEN; docs/operations.md).
+    ("GET", "/metrics", lambda h: h.metrics.metrics),
 ]
 
 ANALYTICS: list[RouteRow] = [

@@ -473,6 +473,8 @@ class FireworksClient:
         self.quota_id = quota_id
         self.timeout = timeout
         self.calls_made = 0
+        # Calls by (call, status): the tick records its share (sftq_provider_requests_total).
+        self.call_counts: dict[tuple[str, str], int] = {}
         self._count_lock = threading.Lock()
         self._api_key = api_key
         self._http = httpx.Client(
@@ -562,6 +564,7 @@ class FireworksClient:
         data = self._request(
             "POST",
             f"{self._account_path}/{collection}",
+            call="create_job",
             op="create",
             params={ID_PARAM[kind]: job_id},
             json_body=payload,
@@ -571,7 +574,8 @@ class FireworksClient:
 
     def get_job(self, kind: str, job_id: str) -> ProviderJob:
         collection = _check_kind(kind)
-        data = self._request("GET", f"{self._account_path}/{collection}/{_check_id(job_id)}")
+        data = self._request("GET", f"{self._account_path}/{collection}/{_check_id(job_id)}",
+                             call="get_job")
         return ProviderJob.from_resource(kind, data, job_id)
 
     def list_jobs(self, kind: str, *, page_size: int = 200) -> Iterator[ProviderJob]:
@@ -585,7 +589,8 @@ class FireworksClient:
             params = {"pageSize": str(page_size)}
             if token:
                 params["pageToken"] = token
-            data = self._request("GET", f"{self._account_path}/{collection}", params=params)
+            data = self._request("GET", f"{self._account_path}/{collection}", params=params,
+                                 call="list_jobs")
             items = data.get(collection) or []
             if not isinstance(items, list):
                 raise ProviderError(f"list {collection}: {collection!r} is not a list")
@@ -606,7 +611,8 @@ class FireworksClient:
         collection = _check_kind(kind)
         if kind == "RFT":
             raise ValueError("RFT jobs are stopped with cancel_job, not deleted")
-        self._request("DELETE", f"{self._account_path}/{collection}/{_check_id(job_id)}")
+        self._request("DELETE", f"{self._account_path}/{collection}/{_check_id(job_id)}",
+                      call="delete_job")
 
     def cancel_job(self, kind: str, job_id: str) -> None:
         """POST :cancel to an RFT job (the resource stays, in JOB_STATE_CANCELLED)."""
@@ -616,6 +622,7 @@ class FireworksClient:
         self._request(
             "POST",
             f"{self._account_path}/{collection}/{_check_id(job_id)}:cancel",
+            call="cancel_job",
             json_body={},
         )
 
@@ -638,14 +645,16 @@ class FireworksClient:
     # -- quota ------------------------------------------------------------------------------
 
     def get_quota(self) -> Quota:
-        data = self._request("GET", f"{self._account_path}/quotas/{self.quota_id}")
+        data = self._request("GET", f"{self._account_path}/quotas/{self.quota_id}",
+                             call="get_quota")
         return Quota.from_resource(data)
 
     def list_quotas(self) -> Iterator[Quota]:
         token: str | None = None
         while True:
             params = {"pageToken": token} if token else None
-            data = self._request("GET", f"{self._account_path}/quotas", params=params)
+            data = self._request("GET", f"{self._account_path}/quotas", params=params,
+                                 call="list_quotas")
             for item in data.get("quotas") or []:
                 if isinstance(item, dict):
                     yield Quota.from_resource(item)
@@ -672,6 +681,7 @@ class FireworksClient:
         method: str,
         path: str,
         *,
+        call: str = "other",
         op: str = "read",
         params: Mapping[str, str] | None = None,
         json_body: object = None,
@@ -679,6 +689,31 @@ class FireworksClient:
     ) -> dict[str, Any]:
         with self._count_lock:
             self.calls_made += 1
+        # The status label: the HTTP status, else "timeout" or "error" (no answer at all).
+        label = "error"
+        try:
+            status, data = self._send(method, path, op, params, json_body, headers)
+            label = str(status)
+            return data
+        except ProviderError as exc:
+            if exc.status is not None:
+                label = str(exc.status)
+            elif isinstance(exc.__cause__, httpx.TimeoutException):
+                label = "timeout"
+            raise
+        finally:
+            with self._count_lock:
+                self.call_counts[(call, label)] = self.call_counts.get((call, label), 0) + 1
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        op: str,
+        params: Mapping[str, str] | None,
+        json_body: object,
+        headers: Mapping[str, str] | None,
+    ) -> tuple[int, dict[str, Any]]:
         started = time.monotonic()
         what = f"{method} {path}"
         try:
@@ -703,7 +738,7 @@ class FireworksClient:
         text = self._redact(response.text)
         if 200 <= status < 300:
             if not text.strip():
-                return {}
+                return status, {}
             try:
                 data = json.loads(text)
             except ValueError:
@@ -714,7 +749,7 @@ class FireworksClient:
                 ) from None
             if not isinstance(data, dict):
                 raise Transient(f"{what}: response is not a JSON object", status=status, body=text)
-            return data
+            return status, data
         raise self._error(what, op, status, text, response.headers.get("Retry-After"))
 
     def _error(

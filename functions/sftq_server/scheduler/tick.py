@@ -722,6 +722,7 @@ def run_tick(db: Database, provider: FireworksClient, settings: Settings, *,
     """
     started = time.monotonic()
     calls_before = provider.calls_made
+    counts_before = dict(provider.call_counts)
     lease_seconds = float(settings.tick_lease_seconds)
     tick_id = db.scalar(sql.TICK_BEGIN, (holder or default_holder(), lease_seconds))
     if tick_id is None:
@@ -740,6 +741,7 @@ def run_tick(db: Database, provider: FireworksClient, settings: Settings, *,
         failure = f"internal error: {type(exc).__name__}"
         unexpected = exc
     result = tick.result(int(tick_id), provider.calls_made - calls_before, _ms(started), failure)
+    result["provider_requests"] = _calls_since(counts_before, provider.call_counts)
     _finish(db, tick, result)
     result["duration_ms"] = _ms(started)
     logger.info(
@@ -753,6 +755,15 @@ def run_tick(db: Database, provider: FireworksClient, settings: Settings, *,
     if unexpected is not None:
         raise unexpected
     return result
+
+
+def _calls_since(before: dict[tuple[str, str], int],
+                 now: dict[tuple[str, str], int]) -> list[dict[str, Any]]:
+    """This tick's provider calls by (call, status); tick_finish adds them to
+    sftq_provider_requests_total (sql/procedures/170_metrics.sql)."""
+    return [{"call": call, "status": status, "count": n - before.get((call, status), 0)}
+            for (call, status), n in sorted(dict(now).items())
+            if n > before.get((call, status), 0)]
 
 
 def _phases(tick: _Tick) -> None:

@@ -338,7 +338,9 @@ class StreamHub:
                             | self._opening.keys())
         rows = await self._db(dbmod.STREAM_POLL, (
             self.instance, str(self.cursor[0]), self.cursor[1], self.settings.page_rows,
-            hashes, self.settings.watch_ttl_seconds))
+            hashes, self.settings.watch_ttl_seconds,
+            # The refresh also records this process's open streams (sftq_stream_connections).
+            self.open_streams if hashes is not None else None))
         if hashes is not None:
             self._force_refresh = False
             self._next_refresh = now + self.settings.refresh_seconds
