@@ -122,7 +122,9 @@ def _start(argv: list[str], port: int, env: dict[str, str],
     argv = list(argv)
     argv[argv.index("--port") + 1] = str(port)
     full = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "PYTHONPATH": str(ROOT / "functions"),
-            "PYTHONDONTWRITEBYTECODE": "1", **env}
+            "PYTHONDONTWRITEBYTECODE": "1",
+            # (the suite's placeholder payloads: tests/conftest.py)
+            "SFTQ_PREFLIGHT": os.environ.get("SFTQ_PREFLIGHT", "on"), **env}
     return subprocess.Popen(argv, cwd=ROOT, env=full, stdout=output,
                             stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -55,6 +55,8 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 HOSTILE_WEBHOOKS_KEY = "hostile-webhooks-key-0123456789abcdefghij"
+# GET /metrics is the operators' route: the fuzz's positive data sends it this token.
+HOSTILE_METRICS_TOKEN = "hostile-metrics-token-0123456789abcdefghij"
 PUBLIC_ADDRESS = "93.184.215.14"
 _resolved: list[str] = []
 
@@ -77,7 +79,8 @@ def world(module_db_url: str) -> Iterator[dict[str, Any]]:
     with connect(module_db_url) as conn:
         alice, bob = make_users(conn, 2, prefix="hostile")
     settings = rel_settings(module_db_url, "http://127.0.0.1:9", db_pool_max=4,
-                            webhooks_key=HOSTILE_WEBHOOKS_KEY)
+                            webhooks_key=HOSTILE_WEBHOOKS_KEY,
+                            metrics_token=HOSTILE_METRICS_TOKEN)
     # POST /webhooks resolves URLs in production mode: every name "resolves" to one public
     # address here, so no fuzzed URL makes a real DNS query (nothing is ever delivered).
     patch = pytest.MonkeyPatch()
@@ -130,8 +133,10 @@ def test_fuzz_from_the_openapi_document(world: dict[str, Any], figures: dict[str
     assert {op.label for op in operations} == documented
 
     def runner(operation: Any, mode: Any) -> Any:
+        bearer = HOSTILE_METRICS_TOKEN if operation.label == "GET /metrics" else key
+
         def run(case: Any) -> None:
-            resp = case.call(headers={"Authorization": f"Bearer {key}"})
+            resp = case.call(headers={"Authorization": f"Bearer {bearer}"})
             statuses[f"{operation.label} {mode.value} {resp.status_code}"] += 1
             ctype = {k.lower(): v for k, v in resp.headers.items()}.get("content-type", [None])[0]
             problem = envelope_problem(resp.status_code, ctype, resp.content)

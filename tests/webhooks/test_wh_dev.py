@@ -62,6 +62,8 @@ def test_sftq_dev_delivers_without_the_ticker(db_url: str, tmp_path: Path,
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SFTQ_", "SUPABASE_", "FIREWORKS_", "SIMULATOR_"))}
     env |= {"DATABASE_URL": db_url, "PYTHONUNBUFFERED": "1",
+            # (the suite's placeholder payloads: tests/conftest.py)
+            "SFTQ_PREFLIGHT": os.environ.get("SFTQ_PREFLIGHT", "on"),
             "PYTHONPATH": os.pathsep.join([str(ROOT / "functions"), str(ROOT / "clients")])}
     port, sim_port = free_port(), free_port()
     log = tmp_path / "dev.log"
