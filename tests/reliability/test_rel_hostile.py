@@ -47,6 +47,7 @@ from schemathesis.checks import (
 from werkzeug.test import Client
 
 from sftq_server import webhooks
+from sftq_server.core.settings import StreamSettings
 from sftq_server.http.gateway import make_gateway
 
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
@@ -78,17 +79,16 @@ def world(module_db_url: str) -> Iterator[dict[str, Any]]:
     """Two users with jobs, the gateway as a WSGI app and served on loopback."""
     with connect(module_db_url) as conn:
         alice, bob = make_users(conn, 2, prefix="hostile")
+    # The fuzz reads each event stream it opens until the stream ends or goes quiet: a short
+    # heartbeat and lifetime end each in about a second instead of the 15 s heartbeat's wait.
     settings = rel_settings(module_db_url, "http://127.0.0.1:9", db_pool_max=4,
                             webhooks_key=HOSTILE_WEBHOOKS_KEY,
-                            metrics_token=HOSTILE_METRICS_TOKEN)
+                            metrics_token=HOSTILE_METRICS_TOKEN,
+                            stream=StreamSettings(heartbeat_seconds=0.25, max_seconds=1))
     # POST /webhooks resolves URLs in production mode: every name "resolves" to one public
     # address here, so no fuzzed URL makes a real DNS query (nothing is ever delivered).
     patch = pytest.MonkeyPatch()
     patch.setattr(webhooks.destinations, "default_resolver", _public_resolver)
-    # The fuzz reads each event stream it opens until the stream ends or goes quiet: a short
-    # heartbeat and lifetime end each in about a second instead of the 15 s heartbeat's wait.
-    patch.setenv("SFTQ_STREAM_HEARTBEAT_SECONDS", "0.25")
-    patch.setenv("SFTQ_STREAM_MAX_SECONDS", "1")
     app = make_gateway(settings, provider_factory=StopJob)
     served = GatewayThread(settings, provider_factory=StopJob)
     client = Client(app)

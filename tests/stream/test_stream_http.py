@@ -6,9 +6,10 @@ import time
 from dataclasses import replace
 
 import httpx
-import pytest
-from conftest import FAST, AsgiServer
+from conftest import FAST, AsgiServer, GatewayServer
 from stream_support import Reader, Sql, data, headers
+
+from sftq_server.core.settings import Settings
 
 
 def test_job_stream_frames_in_order_then_end(asgi, sql: Sql) -> None:
@@ -220,16 +221,18 @@ def test_wsgi_only_jobs_api_answers_501_on_the_stream_paths(settings, sql: Sql) 
         app.close()
 
 
-def test_a_quiet_stream_is_answered_at_once(gateway, sql: Sql,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_quiet_stream_is_answered_at_once(settings: Settings, sql: Sql) -> None:
     """With nothing to say and the next heartbeat far away, the reader still hears at once
     that it is connected (the gateway sends headers only with the first body bytes)."""
-    monkeypatch.setenv("SFTQ_STREAM_HEARTBEAT_SECONDS", "30")  # read when the first stream opens
     key = sql.user("alice")
-    started = time.monotonic()
-    with httpx.Client(timeout=10) as client, client.stream(
-            "GET", f"{gateway.url}/jobs/stream", headers=headers(key)) as response:
-        assert response.status_code == 200
-        first = next(response.iter_lines())
+    gateway = GatewayServer(replace(settings, stream=replace(FAST, heartbeat_seconds=30.0)))
+    try:
+        started = time.monotonic()
+        with httpx.Client(timeout=10) as client, client.stream(
+                "GET", f"{gateway.url}/jobs/stream", headers=headers(key)) as response:
+            assert response.status_code == 200
+            first = next(response.iter_lines())
+    finally:
+        gateway.stop()
     assert first == ": connected"
     assert time.monotonic() - started < 5
