@@ -5,7 +5,7 @@ types of Fireworks' own SDK (the `fireworks-ai` package, itself generated from F
 OpenAPI). Checked in rather than read from the SDK at run time: the SDK is a test dependency,
 not a server one, and importing it costs a cold start far more than reading 20 kB of JSON.
 `python -m sftq_server.preflight.schema` rewrites the file from the installed SDK;
-tests/preflight/test_shape.py fails when the file and the SDK disagree.
+tests/functions/test_preflight.py fails when the file and the SDK disagree.
 
 A schema node is {"type": "string" | "integer" | "number" | "boolean" | "array" | "object",
 "enum": [...]?, "items": node?, "fields": {camelCaseName: node}?, "required": [...]?}.
@@ -36,15 +36,19 @@ _URL_PARAMS = {"account_id", "supervised_fine_tuning_job_id", "dpo_job_id",
 
 
 @cache
+def _document() -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(SCHEMA_FILE.read_text())
+    return document
+
+
 def schemas() -> dict[str, dict[str, Any]]:
     """Per kind, the object node of its create body."""
-    kinds: dict[str, dict[str, Any]] = json.loads(SCHEMA_FILE.read_text())["kinds"]
+    kinds: dict[str, dict[str, Any]] = _document()["kinds"]
     return kinds
 
 
-@cache
 def schema_version() -> str:
-    return str(json.loads(SCHEMA_FILE.read_text())["sdk_version"])
+    return str(_document()["sdk_version"])
 
 
 # --- generation from the SDK ------------------------------------------------------------------
@@ -52,9 +56,7 @@ def schema_version() -> str:
 def _node(tp: Any) -> dict[str, Any]:
     origin = te.get_origin(tp)
     args = te.get_args(tp)
-    if origin is te.Annotated:
-        return _node(args[0])
-    if origin in (te.Required, te.NotRequired):
+    if origin in (te.Annotated, te.Required, te.NotRequired):
         return _node(args[0])
     name = getattr(origin, "_name", None) or getattr(origin, "__name__", "")
     if origin in (typing.Literal, te.Literal):
@@ -117,14 +119,11 @@ def generate() -> dict[str, Any]:
 
 
 def main() -> int:
-    SCHEMA_FILE.write_text(json.dumps(generate(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {SCHEMA_FILE.name} from fireworks-ai {version_of()}", file=sys.stderr)
+    document = generate()
+    SCHEMA_FILE.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {SCHEMA_FILE.name} from fireworks-ai {document['sdk_version']}",
+          file=sys.stderr)
     return 0
-
-
-def version_of() -> str:
-    from importlib.metadata import version
-    return version("fireworks-ai")
 
 
 if __name__ == "__main__":

@@ -28,9 +28,9 @@ from sftq_server.core.errors import Unauthorized
 from sftq_server.core.settings import Settings
 from sftq_server.core.tick_secret import bearer_ok
 from sftq_server.http.checks import check_query, one_row
+from sftq_server.http.models import KINDS
 from sftq_server.http.web import Request, Response
 
-KINDS = ("SFT", "DPO", "RFT")
 WEBHOOK_RESULTS = ("succeeded", "retrying", "failed")
 
 
@@ -65,9 +65,10 @@ class Figures:
         return sum(v for ls, v in self.counts.get(name, ()) if ls == labels)
 
     def _by(self, name: str, label: str, keys: tuple[str, ...] = ()) -> dict[str, float]:
+        """One label's values summed, each of `keys` present (0 when nothing counted it)."""
         out = dict.fromkeys(keys, 0.0)
-        for ls, v in self.counts.get(name, ()):
-            out[ls.get(label, "")] = out.get(ls.get(label, ""), 0.0) + v
+        for (value,), total in self._grouped(name, (label,)):
+            out[value] = out.get(value, 0.0) + total
         return out
 
     def _histogram(self, name: str, doc: str) -> HistogramMetricFamily:
