@@ -15,9 +15,10 @@ AS $$
         'started_at', to_char(j.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
         'completed_at', to_char(j.completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
         'error', j.error, 'fireworks_job_name', j.fireworks_job_name,
-        'failure_class', j.failure_class, 'retry_of', j.retry_of)
+        'failure_class', j.failure_class, 'retry_of', j.retry_of,
+        'warnings', j.warnings, 'estimated_cost', j.estimated_cost)
 $$;
-COMMENT ON FUNCTION sftq.job_json(sftq.jobs) IS 'A job as the API shows it: the contract''s fields, then the ones added since (failure_class, retry_of), never the payload.';
+COMMENT ON FUNCTION sftq.job_json(sftq.jobs) IS 'A job as the API shows it: the contract''s fields, then the ones added since (failure_class, retry_of, the pre-flight''s warnings and the estimated cost), never the payload.';
 
 CREATE OR REPLACE FUNCTION sftq.get_job(p_user_id bigint, p_job_id uuid)
 RETURNS sftq.jobs

@@ -54,6 +54,8 @@ AS $$
                      format('Admitted: it needed %s GPU%s and %s were free.', x.j ->> 'gpu_count',
                             CASE WHEN x.j ->> 'gpu_count' = '1' THEN '' ELSE 's' END, x.j ->> 'gpu_budget')
                  ELSE 'Admitted by the scheduler.' END
+        WHEN 'preflight_failed' THEN
+            'Left the queue before its turn: the pre-flight check found a resource it needs missing at the provider.'
         WHEN 'submitted' THEN
             CASE WHEN (x.j ->> 'adopted_existing')::boolean IS TRUE THEN
                      format('Submitted: the provider already had it as %s, and the queue adopted that job.',
@@ -96,6 +98,13 @@ AS $$
         WHEN 'failed' THEN
             CASE WHEN x.reason IN ('submission_rejected', 'rejected') THEN
                      'Failed: the provider rejected the submission; the job''s error field holds its answer.'
+                 WHEN x.reason = 'preflight_failed' THEN
+                     'Failed before its turn: the pre-flight check found '
+                     || COALESCE(left(x.j #>> '{findings,0,message}', 300), 'a resource that does not exist')
+                     || CASE WHEN jsonb_array_length(COALESCE(x.j -> 'findings', '[]')) > 1
+                             THEN format(' (and %s more; the job''s error field lists them)',
+                                         jsonb_array_length(x.j -> 'findings') - 1) ELSE '' END
+                     || '. It was never sent to the provider.'
                  WHEN x.reason = 'submission_gave_up' THEN
                      format('Failed: the provider could not be reached to create it (%s failed attempts over %s); the job''s error field holds the last answer.',
                             COALESCE(x.j ->> 'attempts', '?'),
@@ -122,7 +131,7 @@ AS $$
       FROM x
 $$;
 COMMENT ON FUNCTION sftq.event_message(text, text, text, text, jsonb) IS
-    'A sentence for a person about one event, from its type, the state before it, its actor and its (redacted) detail. Covers every type the event log holds (queued, admitted, submitted, submit_retry, provider_state, cancel_requested, cancelled, succeeded, failed, submission_rejected, reconciled, queue_timeout, retried; failed/cancelled with detail.reason and failure_class) and words any other type generically. Names only the job''s own ids, never another user. Pure.';
+    'A sentence for a person about one event, from its type, the state before it, its actor and its (redacted) detail. Covers every type the event log holds (queued, admitted, preflight_failed, submitted, submit_retry, provider_state, cancel_requested, cancelled, succeeded, failed, submission_rejected, reconciled, queue_timeout, retried; failed/cancelled with detail.reason and failure_class) and words any other type generically. Names only the job''s own ids, never another user. Pure.';
 
 CREATE OR REPLACE FUNCTION sftq.event_json(e sftq.job_events)
 RETURNS json
