@@ -25,6 +25,7 @@ from sftq_server.provider import (
     ProviderError,
     ProviderJob,
     Quota,
+    RateLimited,
     Rejected,
     Transient,
     is_known_state,
@@ -336,7 +337,9 @@ def test_quota_strings_are_parsed(client: FireworksClient, sim: Simulator) -> No
     quota = client.get_quota()
     assert quota.name == "accounts/sim-account/quotas/training-h200-count"
     assert (quota.max_value, quota.value, quota.limit, quota.usage) == (32, 24, 24, 0.0)
-    assert [q.name for q in client.list_quotas()] == [quota.name]
+    # The account lists its other quotas too (paged; see test_quotas_are_paged).
+    listed = {q.name: q for q in client.list_quotas()}
+    assert listed[quota.name] == quota and len(listed) > 1
 
 
 def test_quota_usage_counts_running_jobs_and_external_usage(
@@ -365,7 +368,7 @@ def test_quota_usage_lags_new_jobs(
 
 
 def test_quota_unknown_id_is_not_found(make_client: MakeClient) -> None:
-    other = make_client(quota_id="training-b200-count")
+    other = make_client(quota_id="training-x9-count")
     with pytest.raises(NotFound):
         other.get_quota()
 
@@ -421,8 +424,9 @@ def test_mixed_faults_eventually_succeed_with_the_same_id(
     client: FireworksClient, sim: Simulator
 ) -> None:
     # What the scheduler does across ticks: retry the create with the derived id until it
-    # lands, then adopt on 409. The job must exist exactly once.
-    sim.set_faults(error_rate=0.5, timeout_rate=0.0)
+    # lands, then adopt on 409. The job must exist exactly once. (5xx only: a 429 holds
+    # every call for its Retry-After, test_a_429_holds_every_call_for_its_retry_after.)
+    sim.set_faults(error_rate=0.5, statuses=[500, 502, 503], timeout_rate=0.0)
     job_id = provider_job_id(uuid.uuid4())
     outcomes = []
     for _ in range(40):
@@ -478,7 +482,7 @@ def _answer(
         (409, "create", Transient),
         (412, "create", Rejected),
         (422, "create", Rejected),
-        (429, "create", Transient),
+        (429, "create", RateLimited),
         (500, "get", Transient),
         (502, "delete", Transient),
         (503, "cancel", Transient),

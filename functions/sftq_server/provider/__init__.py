@@ -47,6 +47,17 @@ ID_PARAM: dict[str, str] = {
 DEFAULT_BASE_URL = "https://api.fireworks.ai"
 DEFAULT_QUOTA_ID = "training-h200-count"
 DEFAULT_TIMEOUT = 10.0
+# Fireworks' account-wide request rate is 10 to 6,000 requests a minute (6,000 by default);
+# each client paces its own calls to FIREWORKS_RPM.
+DEFAULT_RPM = 6000
+# A 429 without Retry-After: the client sends nothing for this long.
+DEFAULT_RATE_LIMIT_SECONDS = 5.0
+# ... and a Retry-After beyond this is taken as this (a broken header must not stop us for days).
+MAX_RETRY_AFTER_SECONDS = 900.0
+
+# The resources a payload names (pre-flight): accounts/{account}/{datasets|models|evaluators}/{id}.
+RESOURCE_RE = re.compile(
+    r"^accounts/([a-z0-9][a-z0-9-]{0,62})/(datasets|models|evaluators)/([A-Za-z0-9][A-Za-z0-9._-]{0,127})$")
 
 # Fireworks resource ids: 1-63 of [a-z0-9-], no leading or trailing '-'. Checking ids before
 # they go into a URL path also keeps a malformed id from addressing some other resource.
@@ -216,6 +227,13 @@ class Transient(ProviderError):
     ) -> None:
         super().__init__(message, status=status, body=body, provider_message=provider_message)
         self.retry_after = retry_after
+
+
+class RateLimited(Transient):
+    """429 RESOURCE_EXHAUSTED: over the account's request rate (or, on a create, over the
+    quota: `quota_exceeded`). Never a failure of the job it concerned. Also raised without
+    sending anything for a call made while an earlier 429's Retry-After is still running
+    (`status` is then None)."""
 
 
 @dataclass(frozen=True)
@@ -463,6 +481,7 @@ class FireworksClient:
         quota_id: str = DEFAULT_QUOTA_ID,
         timeout: float = DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
+        rpm: int = DEFAULT_RPM,
     ) -> None:
         if not api_key:
             raise ValueError("a Fireworks API key is required")
@@ -472,6 +491,14 @@ class FireworksClient:
         self.account_id = account_id
         self.quota_id = quota_id
         self.timeout = timeout
+        if not 1 <= rpm <= 1_000_000:
+            raise ValueError("rpm (FIREWORKS_RPM) must be a whole number of requests a minute")
+        self.rpm = rpm
+        # Pacing: calls start at least this far apart; a 429's Retry-After holds every call.
+        self._interval = 60.0 / rpm
+        self._next_send = 0.0
+        self._quiet_until = 0.0
+        self._pace_lock = threading.Lock()
         self.calls_made = 0
         # Calls by (call, status): the tick records its share (sftq_provider_requests_total).
         self.call_counts: dict[tuple[str, str], int] = {}
@@ -514,6 +541,11 @@ class FireworksClient:
             raise ValueError(f"FIREWORKS_TIMEOUT is not a number: {raw_timeout!r}") from None
         if not timeout > 0:
             raise ValueError("FIREWORKS_TIMEOUT must be positive")
+        raw_rpm = env.get("FIREWORKS_RPM") or str(DEFAULT_RPM)
+        try:
+            rpm = int(raw_rpm)
+        except ValueError:
+            raise ValueError(f"FIREWORKS_RPM is not a whole number: {raw_rpm!r}") from None
         return cls(
             base_url=env.get("FIREWORKS_BASE_URL") or DEFAULT_BASE_URL,
             api_key=api_key,
@@ -521,6 +553,7 @@ class FireworksClient:
             quota_id=env.get("FIREWORKS_QUOTA_ID") or DEFAULT_QUOTA_ID,
             timeout=timeout,
             transport=transport,
+            rpm=rpm,
         )
 
     def __repr__(self) -> str:
@@ -642,6 +675,47 @@ class FireworksClient:
             logger.info("fireworks %s %s/%s: already gone (404)", action, kind, job_id)
         return action
 
+    # -- the resources a job names (pre-flight) --------------------------------------------
+
+    def resource_name(self, kind: str, ref: str) -> str | None:
+        """The full name of a dataset, model or evaluator a payload refers to, or None when
+        the reference is not one the API could address. A bare id is this account's."""
+        if not isinstance(ref, str) or not ref:
+            return None
+        if "/" not in ref and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", ref):
+            ref = f"accounts/{self.account_id}/{kind}/{ref}"
+        match = RESOURCE_RE.match(ref)
+        return ref if match and match.group(2) == kind and ".." not in ref else None
+
+    def get_resource(self, name: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """GET one dataset, model or evaluator by its full name (any account's: the public
+        models live under accounts/fireworks). `NotFound` when it does not exist."""
+        match = RESOURCE_RE.match(name)
+        if not match or ".." in name:
+            raise ValueError(f"not a dataset, model or evaluator name: {name!r}")
+        call = "get_" + match.group(2).removesuffix("s")
+        return self._request("GET", f"/v1/{name}", call=call, timeout=timeout)
+
+    def estimate_cost(self, kind: str, payload: dict[str, Any], *, gpu_count: int | None = None,
+                      timeout: float | None = None) -> Any:
+        """What Fireworks estimates an SFT job would cost (`estimatedCost`, a google.type.Money
+        as sent), from the same body as the create; None when it gives no figure.
+
+        *Unconfirmed*: the route is `POST .../supervisedFineTuningJobs:estimateCost`; the
+        simulator serves it. A 404 or 501 (no such route) answers None, like no figure."""
+        if kind != "SFT":
+            return None
+        headers = {"X-Sftq-Gpu-Count": str(int(gpu_count))} if gpu_count is not None else None
+        try:
+            data = self._request(
+                "POST", f"{self._account_path}/{KIND_COLLECTION[kind]}:estimateCost",
+                call="estimate_cost", json_body=payload, headers=headers, timeout=timeout)
+        except (NotFound, Rejected) as exc:
+            if exc.status in (404, 405, 501):
+                return None
+            raise
+        return data.get("estimatedCost")
+
     # -- quota ------------------------------------------------------------------------------
 
     def get_quota(self) -> Quota:
@@ -649,10 +723,15 @@ class FireworksClient:
                              call="get_quota")
         return Quota.from_resource(data)
 
-    def list_quotas(self) -> Iterator[Quota]:
+    def list_quotas(self, *, page_size: int = 200) -> Iterator[Quota]:
+        """Every quota of the account, following nextPageToken."""
+        if not 1 <= page_size <= 200:
+            raise ValueError("page_size must be between 1 and 200")
         token: str | None = None
         while True:
-            params = {"pageToken": token} if token else None
+            params = {"pageSize": str(page_size)}
+            if token:
+                params["pageToken"] = token
             data = self._request("GET", f"{self._account_path}/quotas", params=params,
                                  call="list_quotas")
             for item in data.get("quotas") or []:
@@ -668,6 +747,31 @@ class FireworksClient:
     @property
     def _account_path(self) -> str:
         return f"/v1/accounts/{self.account_id}"
+
+    def _pace(self) -> float | None:
+        """Wait for this call's turn under FIREWORKS_RPM; None when it may go, or the seconds
+        an earlier 429's Retry-After still holds every call (the call is then not sent)."""
+        with self._pace_lock:
+            now = time.monotonic()
+            if now < self._quiet_until:
+                return self._quiet_until - now
+            start = max(now, self._next_send)
+            self._next_send = start + self._interval
+        if start > now:
+            time.sleep(start - now)
+        return None
+
+    def _hold(self, retry_after: float | None) -> None:
+        seconds = DEFAULT_RATE_LIMIT_SECONDS if retry_after is None else retry_after
+        seconds = min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
+        with self._pace_lock:
+            self._quiet_until = max(self._quiet_until, time.monotonic() + seconds)
+
+    @property
+    def quiet_for(self) -> float:
+        """Seconds an earlier 429's Retry-After still holds every call (0: none)."""
+        with self._pace_lock:
+            return max(0.0, self._quiet_until - time.monotonic())
 
     def _redact(self, text: str) -> str:
         # Fireworks never echoes the key, but a proxy or a debugging server might; keys shorter
@@ -686,16 +790,32 @@ class FireworksClient:
         params: Mapping[str, str] | None = None,
         json_body: object = None,
         headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
+        what = f"{method} {path}"
+        wait = self._pace()
+        if wait is not None:
+            # Not sent: the provider asked us to hold off (Retry-After), and this call comes
+            # before that time. Counted as "not_sent", never as a provider call.
+            with self._count_lock:
+                key = (call, "not_sent")
+                self.call_counts[key] = self.call_counts.get(key, 0) + 1
+            raise RateLimited(f"{what}: not sent: the provider asked us to wait, "
+                              f"{wait:.1f} s more (Retry-After)", retry_after=wait)
         with self._count_lock:
             self.calls_made += 1
         # The status label: the HTTP status, else "timeout" or "error" (no answer at all).
         label = "error"
         try:
-            status, data = self._send(method, path, op, params, json_body, headers)
+            status, data = self._send(method, path, op, params, json_body, headers, timeout)
             label = str(status)
             return data
         except ProviderError as exc:
+            # Over the request rate: hold every call for Retry-After. An over-quota create
+            # (quota_exceeded) without one says nothing about the rate.
+            if isinstance(exc, RateLimited) and exc.status == 429 and (
+                    exc.retry_after is not None or "quota_exceeded" not in exc.body):
+                self._hold(exc.retry_after)
             if exc.status is not None:
                 label = str(exc.status)
             elif isinstance(exc.__cause__, httpx.TimeoutException):
@@ -713,6 +833,7 @@ class FireworksClient:
         params: Mapping[str, str] | None,
         json_body: object,
         headers: Mapping[str, str] | None,
+        timeout: float | None = None,
     ) -> tuple[int, dict[str, Any]]:
         started = time.monotonic()
         what = f"{method} {path}"
@@ -723,6 +844,7 @@ class FireworksClient:
                 params=params,
                 json=json_body if method in ("POST", "PATCH", "PUT") else None,
                 headers=headers,
+                timeout=httpx.Timeout(timeout) if timeout is not None else httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.TimeoutException as exc:
             logger.debug("fireworks %s: timed out after %.3fs", what, time.monotonic() - started)
@@ -758,7 +880,15 @@ class FireworksClient:
         parsed = parse_error_message(body)
         detail = parsed if parsed is not None else (body[:200] or _reason(status))
         message = f"{what}: HTTP {status}: {detail}"
-        if status in (408, 429) or 500 <= status <= 599:
+        if status == 429:
+            return RateLimited(
+                message,
+                status=status,
+                body=body,
+                provider_message=parsed,
+                retry_after=parse_retry_after(retry_after),
+            )
+        if status == 408 or 500 <= status <= 599:
             return Transient(
                 message,
                 status=status,
