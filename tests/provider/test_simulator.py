@@ -345,8 +345,11 @@ def test_quota_resource_shape(http: httpx.Client) -> None:
     assert quota["name"] == "accounts/sim-account/quotas/training-h200-count"
     assert (quota["value"], quota["maxValue"], quota["usage"]) == ("64", "64", 0)
     listed = http.get(f"{BASE}/quotas").json()
-    assert listed["quotas"][0]["name"] == quota["name"]
-    _google_error(http.get(f"{BASE}/quotas/training-b200-count"), 404, 5)
+    # Listed with the account's other quotas, the same but for when it was read.
+    [same] = [q for q in listed["quotas"] if q["name"] == quota["name"]]
+    assert {**same, "updateTime": None} == {**quota, "updateTime": None}
+    assert len(listed["quotas"]) > 1
+    _google_error(http.get(f"{BASE}/quotas/training-x9-count"), 404, 5)
 
 
 def test_sim_quota_control(http: httpx.Client, sim: Simulator) -> None:

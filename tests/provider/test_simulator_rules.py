@@ -45,6 +45,7 @@ def test_a_rule_answers_instead_of_the_simulator_times_times(
             "status": 403,
             "body": DENIED,
             "times": 1,
+            "headers": {},
         }
     ]
     refused = _create(http, "r1")

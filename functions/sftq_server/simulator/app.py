@@ -10,8 +10,10 @@ from typing import Any
 from urllib.parse import parse_qsl
 from wsgiref.types import StartResponse, WSGIEnvironment
 
+from sftq_server.simulator.resources import COLLECTIONS as RESOURCE_COLLECTIONS
+from sftq_server.simulator.resources import retry_after_header
 from sftq_server.simulator.rules import DEFAULT_TIMEOUT_SECONDS
-from sftq_server.simulator.state import COLLECTIONS, TERMINAL_STATES, SimState
+from sftq_server.simulator.state import COLLECTIONS, OTHER_QUOTAS, TERMINAL_STATES, SimState
 from sftq_server.simulator.validation import HttpError, error_body
 
 logger = logging.getLogger("sftq_server.simulator")
@@ -108,8 +110,11 @@ class Simulator(SimState):
             faults = self._faults
             fault: str | None = None
             rule = faults.scripted(method, path)
+            wait = self._rate.admit(self._now()) if rule is None else None
             if rule is not None:
                 fault = "rule"
+            elif wait is not None:
+                fault = "rate_limit"
             elif faults.timeout_rate and self._rng.random() < faults.timeout_rate:
                 fault = "timeout"
             elif faults.error_rate and self._rng.random() < faults.error_rate:
@@ -128,7 +133,12 @@ class Simulator(SimState):
         if rule is not None:
             # Scripted: answered instead of the simulator, so nothing is applied.
             headers = {"Retry-After": "1"} if rule.status == 429 else {}
+            headers.update(rule.headers)
             return rule.status, rule.body, headers
+        if wait is not None:
+            # Over the account's request rate: refused, not applied, with when to come back.
+            return 429, error_body(429, "rate limit exceeded: too many requests a minute for "
+                                   "this account"), {"Retry-After": retry_after_header(wait)}
         if fault == "timeout":
             # Sleep past the client's timeout and drop the request unapplied, as a request
             # lost in a load balancer would be; the client never sees this answer.
@@ -148,6 +158,13 @@ class Simulator(SimState):
         # ["", "v1", "accounts", account, *rest]
         if len(parts) < 5 or parts[2] != "accounts":
             raise HttpError(404, f"no such path: {path}")
+        readable = len(parts) == 6 and parts[4] in RESOURCE_COLLECTIONS and method == "GET"
+        if readable:
+            # Datasets, models and evaluators are read by name in any account (public models
+            # live under accounts/fireworks).
+            with self._lock:
+                stamp = self._timestamp(self._now())
+                return 200, self._resources.get("/".join(parts[2:]), stamp), {}
         if parts[3] != self.account_id:
             # 403 rather than 404: a wrong account must not read as "your job was deleted".
             raise HttpError(403, f"permission denied on account {parts[3]!r}")
@@ -168,14 +185,21 @@ class Simulator(SimState):
         head = rest[0]
         if head == "quotas":
             if len(rest) == 1 and method == "GET":
-                quota = self._quota_resource(now)
-                return 200, {"quotas": [quota], "totalSize": 1}, {}
+                return 200, self._quota_list(query, now), {}
             if len(rest) == 2 and method == "GET":
+                if rest[1] in OTHER_QUOTAS and rest[1] != self.quota_id:
+                    return 200, self._other_quota(rest[1], now), {}
                 if rest[1] != self.quota_id:
                     name = f"accounts/{self.account_id}/quotas/{rest[1]}"
                     raise HttpError(404, f'quota "{name}" not found')
                 return 200, self._quota_resource(now), {}
             raise HttpError(405 if len(rest) <= 2 else 404, "method not allowed")
+        if head == "supervisedFineTuningJobs:estimateCost" and len(rest) == 1:
+            if method != "POST":
+                raise HttpError(405, "method not allowed")
+            if not parsed_ok:
+                raise HttpError(400, "request body is not valid JSON")
+            return 200, self._estimate(body, gpu_header), {}
         if head not in COLLECTIONS:
             raise HttpError(404, f"no such collection: {head}")
         kind, id_param = COLLECTIONS[head]
@@ -279,7 +303,27 @@ class Simulator(SimState):
             return 200, {"offset_seconds": offset}, {}
         if route == "/_sim/jobs" and method == "GET":
             return 200, self.jobs(), {}
+        if route == "/_sim/resources":
+            if method == "GET":
+                return 200, self.resources(), {}
+            if method == "POST":
+                return 200, self.set_resources(body), {}
+        if route == "/_sim/rate_limit":
+            if method == "GET":
+                return 200, self.rate_limit(), {}
+            if method == "POST":
+                return 200, self.set_rate_limit(body), {}
         parts = route.split("/")
+        # ["", "_sim", "jobs", collection, "id:state"]: hold it in any state, with progress.
+        if len(parts) == 5 and parts[2] == "jobs" and parts[4].endswith(":state"):
+            if method != "POST":
+                raise HttpError(405, "method not allowed")
+            unknown = set(body) - {"state", "jobProgress", "message"}
+            if unknown:
+                raise ValueError(f"unknown fields: {', '.join(sorted(unknown))}")
+            job = self.set_state(parts[3], parts[4].removesuffix(":state"), body.get("state"),
+                                 body.get("jobProgress"), body.get("message"))
+            return 200, job, {}
         # ["", "_sim", "jobs", collection, "id:finish"]
         if len(parts) == 5 and parts[2] == "jobs" and parts[4].endswith(":finish"):
             if method != "POST":

@@ -4,9 +4,10 @@ Two mechanisms, set together through `POST /_sim/faults`:
 - random faults (`error_rate`, `statuses`, `timeout_rate`, `latency_ms`, `timeout_seconds`),
   drawn from the simulator's seeded generator;
 - scripted rules (`rules`): `{"method", "path" (a regex searched in the request path without
-  its query string), "status", "body", "times"}`. The first rule that matches and has `times`
-  left answers instead of the simulator; without `times` it answers every time. They let a
-  test say exactly which request fails and how (a 403 on one job's create, a 409 ABORTED).
+  its query string), "status", "body", "times", "headers"}`. The first rule that matches and
+  has `times` left answers instead of the simulator (with its `headers`, a Retry-After say);
+  without `times` it answers every time. They let a test say exactly which request fails
+  and how (a 403 on one job's create, a 409 ABORTED, a 429 with Retry-After: 30).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ DEFAULT_FAULT_STATUSES = (500, 503, 429)
 DEFAULT_TIMEOUT_SECONDS = 15.0
 # A rule's answer must be a real HTTP status; 1xx and 3xx would confuse every client.
 _RULE_STATUSES = range(200, 600)
-_RULE_KEYS = frozenset({"method", "path", "status", "body", "times"})
+_RULE_KEYS = frozenset({"method", "path", "status", "body", "times", "headers"})
 MAX_RULES = 1000
 
 
@@ -36,6 +37,8 @@ class Rule:
     body: Any
     method: str | None = None
     times: int | None = None
+    # Extra response headers (a Retry-After of its own, say).
+    headers: dict[str, str] = field(default_factory=dict)
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -55,6 +58,7 @@ class Rule:
             "status": self.status,
             "body": copy.deepcopy(self.body),
             "times": self.times,
+            "headers": dict(self.headers),
         }
 
 
@@ -88,7 +92,13 @@ def parse_rule(raw: object, index: int) -> Rule:
         if "body" in raw
         else (error_body(status, f"scripted answer: HTTP {status}") if status >= 400 else {})
     )
+    headers = raw.get("headers") or {}
+    if not isinstance(headers, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k.replace("-", "").isalnum()
+            and "\n" not in v and "\r" not in v for k, v in headers.items()):
+        raise ValueError(f"{where}.headers must be an object of header names to strings")
     return Rule(
+        headers=dict(headers),
         path=path,
         status=status,
         body=copy.deepcopy(body),

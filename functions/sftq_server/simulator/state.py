@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from sftq_server.simulator.resources import RateLimit, Resources
 from sftq_server.simulator.rules import DEFAULT_TIMEOUT_SECONDS, Faults
 from sftq_server.simulator.validation import (
     HttpError,
@@ -51,6 +52,16 @@ FINISH_STATES = frozenset(
     }
 )
 TERMINAL_STATES = FINISH_STATES | {"JOB_STATE_DELETED"}
+# Every state Fireworks documents; `/_sim/jobs/.../ID:state` may hold a job in any of them.
+ALL_STATES = frozenset(
+    "JOB_STATE_" + name for name in (
+        "UNSPECIFIED", "CREATING", "PENDING", "VALIDATING", "RUNNING", "WRITING_RESULTS",
+        "COMPLETED", "FAILED", "CANCELLED", "CANCELLING", "DELETING", "DELETING_CLEANING_UP",
+        "EXPIRED", "EARLY_STOPPED", "PAUSED", "RE_QUEUEING", "CREATING_INPUT_DATASET", "IDLE",
+        "DELETED"))
+# Other quotas an account lists besides the training one the queue budgets on.
+OTHER_QUOTAS = ("training-h100-count", "training-b200-count", "training-a100-count",
+                "serverless-inference-rpm", "deployments-count")
 # The states a job passes through on its own, in order (see SimState._state).
 LIFECYCLE = (
     "JOB_STATE_CREATING",
@@ -101,6 +112,10 @@ class SimJob:
     final_state: str | None = None
     final_message: str | None = None
     final_at: float | None = None
+    # A state it is held in (/_sim ... :state) until told otherwise, and a jobProgress.
+    held_state: str | None = None
+    held_at: float | None = None
+    held_progress: dict[str, Any] | None = None
 
 
 def _money(usd: float) -> dict[str, Any]:
@@ -156,6 +171,8 @@ class SimState:
         # simulator counts such creates always, and refuses them only when asked to.
         self._enforce_quota = False
         self._over_quota_creates = 0
+        self._resources = Resources()
+        self._rate = RateLimit()
 
     # -- time and lifecycle -----------------------------------------------------------------
 
@@ -184,6 +201,8 @@ class SimState:
         """The job's state at `now` and when it entered it."""
         if job.final_state is not None and job.final_at is not None:
             return job.final_state, job.final_at
+        if job.held_state is not None and job.held_at is not None:
+            return job.held_state, job.held_at
         elapsed = self._age(job, now)
         total = job.job_seconds
         if total > 0 and elapsed >= total:
@@ -199,6 +218,8 @@ class SimState:
 
     def _progress(self, job: SimJob, state: str, now: float) -> dict[str, Any] | None:
         """jobProgress: a percent that grows with time and the current epoch (1-based)."""
+        if job.held_progress is not None:
+            return copy.deepcopy(job.held_progress)
         if job.job_seconds <= 0:
             return None
         epochs = job_epochs(job.payload)
@@ -302,6 +323,10 @@ class SimState:
     ) -> dict[str, Any]:
         validate_payload(kind, body)
         payload: dict[str, Any] = body
+        missing = self._resources.missing_for(kind, payload, self.account_id)
+        if missing is not None:
+            # What Fireworks answers for a create naming a dataset or model it does not have.
+            raise HttpError(404, missing)
         if job_id is None or job_id == "":
             job_id = self._generate_id(collection)
         elif not valid_id(job_id):
@@ -335,6 +360,36 @@ class SimState:
         )
         self._jobs[(collection, job_id)] = job
         return self._resource(job, now)
+
+    def _estimate(self, body: Any, gpu_header: str | None) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise HttpError(400, "invalid argument: the body must be a JSON object")
+        gpus = job_gpus(body, gpu_header)
+        return {"estimatedCost": _money(gpus * self.job_seconds / 3600 * GPU_HOUR_USD)}
+
+    def _quota_list(self, query: dict[str, str], now: float) -> dict[str, Any]:
+        raw_size = query.get("pageSize", "")
+        try:
+            size = int(raw_size) if raw_size else LIST_PAGE_DEFAULT
+        except ValueError:
+            raise HttpError(400, f"invalid argument: pageSize {raw_size!r}") from None
+        if size < 0:
+            raise HttpError(400, "invalid argument: pageSize must not be negative")
+        size = min(size or LIST_PAGE_DEFAULT, LIST_PAGE_MAX)
+        ids = sorted({self.quota_id, *OTHER_QUOTAS})
+        after = self._decode_token("quotas", query.get("pageToken", ""))
+        remaining = [q for q in ids if q > after] if after else ids
+        page = remaining[:size]
+        quotas = [self._quota_resource(now) if q == self.quota_id else self._other_quota(q, now)
+                  for q in page]
+        envelope: dict[str, Any] = {"quotas": quotas, "totalSize": len(ids)}
+        if len(remaining) > size:
+            envelope["nextPageToken"] = self._encode_token("quotas", page[-1])
+        return envelope
+
+    def _other_quota(self, quota_id: str, now: float) -> dict[str, Any]:
+        return {"name": f"accounts/{self.account_id}/quotas/{quota_id}", "value": "8",
+                "maxValue": "8", "usage": 0, "updateTime": self._timestamp(now)}
 
     def _generate_id(self, collection: str) -> str:
         alphabet = string.ascii_lowercase + string.digits
@@ -471,6 +526,48 @@ class SimState:
             job.final_message = message
             job.final_at = now
             return self._resource(job, now)
+
+    def set_state(self, collection: str, job_id: str, state: str | None,
+                  progress: dict[str, Any] | None = None,
+                  message: str | None = None) -> dict[str, Any]:
+        """Hold a job in any documented state (PAUSED, RE_QUEUEING, VALIDATING, ...) with an
+        optional jobProgress, until the next call; a terminal state finishes it as finish()
+        does; state None lets it run its own lifecycle again."""
+        if state is not None and state not in ALL_STATES:
+            raise ValueError(f"state must be null or one of {', '.join(sorted(ALL_STATES))}")
+        if progress is not None and not isinstance(progress, dict):
+            raise ValueError("jobProgress must be an object")
+        if message is not None and not isinstance(message, str):
+            raise ValueError("message must be a string")
+        if state in FINISH_STATES:
+            job = self.finish(collection, job_id, state, message)
+            with self._lock:
+                found = self._find(collection, job_id)
+                found.held_progress = copy.deepcopy(progress)
+                return self._resource(found, self._now()) if progress is not None else job
+        with self._lock:
+            job2 = self._find(collection, job_id)
+            now = self._now()
+            job2.held_state = state
+            job2.held_at = now if state is not None else None
+            job2.held_progress = copy.deepcopy(progress)
+            return self._resource(job2, now)
+
+    def set_resources(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            return self._resources.update(body)
+
+    def resources(self) -> dict[str, Any]:
+        with self._lock:
+            return self._resources.as_json()
+
+    def set_rate_limit(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            return self._rate.update(body)
+
+    def rate_limit(self) -> dict[str, Any]:
+        with self._lock:
+            return self._rate.as_json()
 
     def set_faults(
         self,
