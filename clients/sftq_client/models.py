@@ -60,6 +60,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+class PreflightFinding(_Model):
+    """One finding of the queue's pre-flight check: where in the request, and what to do."""
+
+    path: str
+    message: str
+
+
 class Job(_Model):
     """One job as ``GET /jobs`` and ``GET /jobs/{id}`` return it."""
 
@@ -78,18 +85,15 @@ class Job(_Model):
     failure_class: str | None = None
     # The job this one retries (made by :meth:`Client.retry`).
     retry_of: str | None = None
+    # What the pre-flight found doubtful, and Fireworks' cost estimate (a google.type.Money:
+    # {"currencyCode", "units", "nanos"}), when there are some.
+    warnings: list[PreflightFinding] | None = None
+    estimated_cost: dict[str, Any] | None = None
 
     @property
     def is_terminal(self) -> bool:
         """True once the job can no longer change (SUCCESS, FAIL or CANCELLED)."""
         return self.state in TERMINAL_STATES
-
-
-class PreflightFinding(_Model):
-    """One finding of the queue's pre-flight check: where in the request, and what to do."""
-
-    path: str
-    message: str
 
 
 class SubmitResult(_Model):
@@ -101,6 +105,8 @@ class SubmitResult(_Model):
     state: State
     created_at: datetime
     warnings: list[PreflightFinding] = Field(default_factory=list)
+    # Fireworks' cost estimate of an SFT job, when the pre-flight got one at enqueue.
+    estimated_cost: dict[str, Any] | None = None
 
 
 class ValidateResult(_Model):
@@ -111,6 +117,10 @@ class ValidateResult(_Model):
     errors: list[PreflightFinding]
     warnings: list[PreflightFinding]
     schema_version: str
+    # Whether Fireworks was asked about the dataset, evaluator and models: "done",
+    # "unanswered" (not within the server's budget) or "unavailable" (no credentials there).
+    provider_checks: str | None = None
+    estimated_cost: dict[str, Any] | None = None
 
 
 class RetryResult(SubmitResult):

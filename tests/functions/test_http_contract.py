@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB_KEYS = {"id", "kind", "state", "display_name", "gpu_count", "created_at", "started_at",
             "completed_at", "error", "fireworks_job_name",
             # Added since the contract (new fields are only added): issue 10.
-            "failure_class", "retry_of"}
+            "failure_class", "retry_of", "warnings", "estimated_cost"}
 
 # --- verbatim from the contract -------------------------------------------------------------
 

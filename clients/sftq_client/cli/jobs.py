@@ -192,13 +192,23 @@ def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
             ctx, result.id, interval=args.interval, timeout=args.timeout, as_json=args.json
         )
     if args.json:
-        # As the server answers it: `warnings` only when the pre-flight check found some.
-        shown = result.model_dump(mode="json", exclude=None if result.warnings else {"warnings"})
+        # As the server answers it: `warnings` and `estimated_cost` only when there are some.
+        absent = {name for name in ("warnings", "estimated_cost") if not getattr(result, name)}
+        shown = result.model_dump(mode="json", exclude=absent or None)
         out(json.dumps(shown, indent=2))
     else:
         out(f"queued {result.id} ({result.kind}) at {fmt_time(result.created_at)}")
         out(f"follow it with: sftq wait {result.id}")
     return EXIT_OK
+
+
+def fmt_money(money: dict[str, Any]) -> str:
+    """A google.type.Money for a person: 20.5 USD."""
+    try:
+        amount = int(money.get("units") or 0) + int(money.get("nanos") or 0) / 1e9
+    except (TypeError, ValueError):
+        return json.dumps(money)
+    return f"{amount:.2f} {money.get('currencyCode') or ''}".strip()
 
 
 def _dry_run(args: argparse.Namespace, ctx: Context, kind: str, payload: Any) -> int:
@@ -218,8 +228,13 @@ def _dry_run(args: argparse.Namespace, ctx: Context, kind: str, payload: Any) ->
             out(f"error: {finding.message}")
         for finding in result.warnings:
             out(f"warning: {finding.message}")
+        if result.estimated_cost:
+            out(f"estimated cost: {fmt_money(result.estimated_cost)}")
         verdict = "would be accepted" if result.valid else "would be refused"
-        out(f"{result.kind} job {verdict} (checked against {result.schema_version}); "
+        asked = {"done": "; its dataset, evaluator and models checked at Fireworks",
+                 "unanswered": "; Fireworks did not answer in time, the scheduler would check "
+                               "its resources while it waits"}.get(result.provider_checks or "", "")
+        out(f"{result.kind} job {verdict} (checked against {result.schema_version}{asked}); "
             "nothing was enqueued")
     return EXIT_OK if result.valid else EXIT_REJECTED
 

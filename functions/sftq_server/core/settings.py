@@ -84,6 +84,9 @@ class Settings:
     fireworks_account_id: str = ""
     fireworks_quota_id: str = "training-h200-count"
     fireworks_timeout_seconds: float = 10.0
+    # The requests a minute each process sends Fireworks at most (the account's rate is 10
+    # to 6,000; a 429's Retry-After holds every call on top of this).
+    fireworks_rpm: int = 6000
     # How long after a create the provider's usage may still not count the job.
     usage_grace_seconds: float = 300.0
     # A tick that dies keeps the lease this long at most.
@@ -125,6 +128,12 @@ class Settings:
     # create schema for its kind and refuses a definite error with 400 (a request's own
     # "validate": "off" skips it). Read from SFTQ_PREFLIGHT even by Settings(...) made in code.
     preflight: bool = field(default_factory=lambda: _bool("SFTQ_PREFLIGHT", True))
+    # ... and, with Fireworks credentials, asks Fireworks whether the payload's dataset,
+    # evaluator and models exist (and an SFT job's cost) within this budget; what does not
+    # answer in time is checked by the tick while the job waits (0: always by the tick).
+    preflight_budget_ms: float = 2000.0
+    # The tick checks at most this many waiting jobs a tick, the nearest the head first.
+    preflight_tick_limit: int = 20
     stream: StreamSettings = field(default_factory=StreamSettings)
 
     @property
@@ -146,6 +155,7 @@ class Settings:
             fireworks_account_id=os.environ.get("FIREWORKS_ACCOUNT_ID", ""),
             fireworks_quota_id=os.environ.get("FIREWORKS_QUOTA_ID", "training-h200-count"),
             fireworks_timeout_seconds=_float("FIREWORKS_TIMEOUT", 10.0),
+            fireworks_rpm=_int("FIREWORKS_RPM", 6000),
             usage_grace_seconds=_float("SFTQ_USAGE_GRACE_SECONDS", 300.0),
             tick_lease_seconds=_float("SFTQ_TICK_LEASE_SECONDS", 120.0),
             submit_max_attempts=_int("SFTQ_SUBMIT_MAX_ATTEMPTS", 8),
@@ -163,6 +173,8 @@ class Settings:
             gateway_threads=_int("SFTQ_GATEWAY_THREADS", 8),
             analytics_database_url=os.environ.get("ANALYTICS_DATABASE_URL", ""),
             preflight=_bool("SFTQ_PREFLIGHT", True),
+            preflight_budget_ms=_float("SFTQ_PREFLIGHT_BUDGET_MS", 2000.0),
+            preflight_tick_limit=_int("SFTQ_PREFLIGHT_TICK_LIMIT", 20),
             stream=StreamSettings.from_env(),
         )
 

@@ -150,6 +150,13 @@ RECORD_SUBMIT_FAILURE = (
 RECORD_SUBMIT_SKIPPED = "SELECT sftq.record_submit_skipped(%s, %s)"
 # No provider job exists under the id after the last attempt: PROGRESS -> FAIL (retryable).
 GIVE_UP_SUBMISSION = "SELECT sftq.give_up_submission(%s)"
+# Pre-flight by the tick (sql/procedures/180_preflight.sql): the waiting jobs still to check,
+# then what was learned of each.
+PREFLIGHT_WORK = "SELECT * FROM sftq.preflight_work(%s, make_interval(secs => %s))"
+RECORD_PREFLIGHT = "SELECT sftq.record_preflight(%s, %s, %s::jsonb, %s::jsonb)"
+FAIL_PREFLIGHT = "SELECT sftq.fail_preflight(%s, %s::jsonb, %s, %s::jsonb)"
+# The end of a Retry-After an earlier tick was given (NULL: none running).
+PROVIDER_BACKOFF_UNTIL = "SELECT sftq.provider_backoff_until()"
 # What the provider says of one PROGRESS job: state, message, status code, progress, cost.
 OBSERVE_PROVIDER_JOB = "SELECT sftq.observe_provider_job(%s, %s::jsonb)"
 # Two quota readings around a tick's creates: mark our jobs the provider's usage now counts.
@@ -178,6 +185,8 @@ API_SUBMIT_MANY = (
 )
 # Authenticate + retry one of the caller's FAIL or CANCELLED jobs as a new job.
 API_RETRY_JOB = "SELECT body::text, replayed, job_id FROM sftq.api_retry_job(%s, %s, %s, %s)"
+# After POST /jobs: what its pre-flight learned (warnings, cost, whether the provider answered).
+API_RECORD_PREFLIGHT = "SELECT sftq.api_record_preflight(%s, %s, %s, %s::jsonb, %s::jsonb)"
 
 # --- admin -------------------------------------------------------------------------
 CREATE_USER = "SELECT sftq.create_user(%s)"

@@ -284,9 +284,17 @@ class RsgiGateway:
         try:
             key_hash, idem = submit_headers(request)
             body = await read_body(proto, request.headers, self._max_body)
-            params, warnings = submit_params(key_hash, idem, body, self.gateway.settings.preflight)
+            params, pre = submit_params(key_hash, idem, body, self.gateway.settings.preflight)
+            loop = asyncio.get_running_loop()
+            api = self._jobs.api.jobs
+            if pre.outcome == "pending" and api.can_ask_provider():
+                # The provider checks block for their budget at most: on a worker thread.
+                await loop.run_in_executor(self._executor, api.check_resources, pre)
             answer = await self.group_commit.submit(params)
-            response = created(request, answer, warnings)
+            if pre.to_record:
+                await loop.run_in_executor(self._executor, api.record_preflight,
+                                           key_hash, answer, pre)
+            response = created(request, answer, pre)
         except Exception as exc:
             response = self._jobs.failed(request, "/jobs", exc)
         self._jobs.log_access(request, "/jobs", response.status, started)

@@ -91,8 +91,10 @@ class _Enqueued(_Body):
 
 
 class SubmitResponse(_Enqueued):
-    # Issue 44: what the shape check found doubtful (present only when it found something).
+    # Issue 44: what the pre-flight found doubtful, and Fireworks' cost estimate of an SFT job
+    # (each present only when there is one).
     warnings: list[PreflightFinding] | None = None
+    estimated_cost: dict[str, Any] | None = None
 
 
 class ValidateResponse(_Body):
@@ -103,6 +105,8 @@ class ValidateResponse(_Body):
     errors: list[PreflightFinding]
     warnings: list[PreflightFinding]
     schema_version: str
+    provider_checks: Literal["done", "unanswered", "unavailable"]
+    estimated_cost: dict[str, Any] | None
 
 
 class Job(_Body):
@@ -119,6 +123,9 @@ class Job(_Body):
     # Added after the contract's fields (issue 10).
     failure_class: Literal["permanent", "retryable", "unknown"] | None
     retry_of: UUID | None
+    # Added by issue 44: the pre-flight's doubtful findings and the cost estimate.
+    warnings: list[PreflightFinding] | None
+    estimated_cost: dict[str, Any] | None
 
 
 class RetryResponse(_Enqueued):

@@ -22,6 +22,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
@@ -85,6 +86,7 @@ def default_provider_factory(settings: Settings) -> ProviderFactory:
             account_id=settings.fireworks_account_id,
             quota_id=settings.fireworks_quota_id,
             timeout=settings.fireworks_timeout_seconds,
+            rpm=settings.fireworks_rpm,
         )
 
     return build
@@ -176,35 +178,64 @@ def preflight(req: SubmitRequest, enabled: bool = True) -> ShapeReport:
         return ShapeReport()
     report = check_shape(req.kind, req.fireworks_payload)
     if report.errors:
-        raise BadRequest("fireworks_payload would fail at Fireworks: "
-                         + "; ".join(f.message for f in report.errors),
-                         code="invalid_fireworks_payload",
-                         detail=[f.as_json() for f in report.errors])
+        raise payload_refusal(report.errors)
     return report
 
 
+@dataclass
+class Preflight:
+    """What the pre-flight of one POST /jobs found, for its 201 and the job record.
+
+    outcome: "skipped" (off for this request), "pending" (the provider not asked here, or not
+    answering within the budget: the tick asks), "checked" (the provider answered every
+    check); None when pre-flight is off for the deployment."""
+
+    req: SubmitRequest
+    warnings: list[Finding] = field(default_factory=list)
+    estimated_cost: Any = None
+    outcome: str | None = None
+
+    @property
+    def to_record(self) -> bool:
+        """Whether the job record gains anything from it (else no round trip is spent)."""
+        if self.outcome is None:
+            return False
+        return self.outcome != "pending" or bool(self.warnings) or self.estimated_cost is not None
+
+
 def submit_params(key_hash: bytes, idem: str | None, body: bytes,
-                  check: bool = True) -> tuple[Params, list[Finding]]:
+                  check: bool = True) -> tuple[Params, Preflight]:
     """POST /jobs: what the group commit takes, from the checked headers and the body, and
-    the pre-flight check's warnings for the 201."""
+    the pre-flight shape check's findings (its definite errors are the 400)."""
     req, payload = parse_submit(body)
     report = preflight(req, check)
+    outcome = None if not check else "skipped" if req.validate_ == "off" else "pending"
     return (key_hash, req.kind, payload, req.display_name, req.gpu_count, idem,
-            req.queue_timeout_seconds), report.warnings
+            req.queue_timeout_seconds), Preflight(req, report.warnings, outcome=outcome)
 
 
-def created(request: Request, answer: Answer, warnings: list[Finding] | None = None) -> Response:
+def created(request: Request, answer: Answer, pre: Preflight | None = None) -> Response:
     """POST /jobs: the 201 for the group commit's answer."""
     body, replayed, job_id = answer
     request.job_id = job_id
     headers = [*JSON_HEADERS, ("Location", f"{request.script_name}/jobs/{job_id}")]
     if replayed:
         headers.append(("Idempotent-Replayed", "true"))
-    if warnings:
+    if pre is not None and pre.warnings:
         # The procedure's body is one JSON object; the warnings join it as its last field.
-        found = json.dumps([f.as_json() for f in warnings], ensure_ascii=False)
+        found = json.dumps([f.as_json() for f in pre.warnings], ensure_ascii=False)
         body = f'{body[:-1]},"warnings":{found}}}'
+    if pre is not None and pre.estimated_cost is not None:
+        cost = json.dumps(pre.estimated_cost, ensure_ascii=False)
+        body = f'{body[:-1]},"estimated_cost":{cost}}}'
     return Response(201, body.encode(), headers)
+
+
+def payload_refusal(errors: list[Finding]) -> BadRequest:
+    """The 400 for definite pre-flight findings, from the shape or the provider check."""
+    return BadRequest("fireworks_payload would fail at Fireworks: "
+                      + "; ".join(f.message for f in errors),
+                      code="invalid_fireworks_payload", detail=[f.as_json() for f in errors])
 
 
 # --- the functions --------------------------------------------------------------------------
@@ -228,9 +259,63 @@ class JobsApi:
     # awaited body and group commit between them.
     def submit(self, request: Request) -> Response:
         key_hash, idem = submit_headers(request)
-        params, warnings = submit_params(key_hash, idem, request.read_body(self.max_body),
-                                         self.settings.preflight)
-        return created(request, self.group_commit.submit(params), warnings)
+        params, pre = submit_params(key_hash, idem, request.read_body(self.max_body),
+                                    self.settings.preflight)
+        self.check_resources(pre)
+        answer = self.group_commit.submit(params)
+        self.record_preflight(key_hash, answer, pre)
+        return created(request, answer, pre)
+
+    # -- pre-flight at the provider (sftq_server.preflight.resources) ---------------------
+
+    def can_ask_provider(self) -> bool:
+        s = self.settings
+        return bool(s.fireworks_api_key and s.fireworks_account_id and s.preflight_budget_ms > 0)
+
+    def check_resources(self, pre: Preflight) -> None:
+        """Ask Fireworks about the resources the payload names, within the budget: a missing
+        one is the 400; what is doubtful joins the warnings. Blocks for the budget at most
+        (the RSGI gateway runs it on a worker thread)."""
+        if pre.outcome != "pending" or not self.can_ask_provider():
+            return
+
+        report = self._ask_provider(pre.req)
+        if report is None:
+            return  # left to the tick
+        if report.errors:
+            raise payload_refusal(report.errors)
+        pre.warnings.extend(report.warnings)
+        pre.estimated_cost = report.estimated_cost
+        # Not answered in time: left to the next tick, as if never asked.
+        pre.outcome = "checked" if report.answered else "pending"
+
+    def _ask_provider(self, req: SubmitRequest) -> Any:
+        """The provider check's report, or None when it could not be made at all (an
+        unexpected failure is logged and leaves the check to the tick: never a 500)."""
+        from sftq_server.preflight.resources import check_resources
+
+        try:
+            provider: Any = self._get_provider()
+            return check_resources(provider, req.kind, req.fireworks_payload, req.gpu_count,
+                                   budget_seconds=self.settings.preflight_budget_ms / 1000)
+        except Exception as exc:  # noqa: BLE001 - the job is checked again by the tick
+            logger.warning("pre-flight provider check failed (%s): %s", type(exc).__name__, exc)
+            return None
+
+    def record_preflight(self, key_hash: bytes, answer: Answer, pre: Preflight) -> None:
+        """Keep on the new job what its pre-flight learned. Nothing to write (the common case
+        without Fireworks credentials here: the tick checks it) costs no round trip; a failure
+        here loses no job, only what the 201 already said."""
+        _, replayed, job_id = answer
+        if replayed or not pre.to_record:
+            return
+        warnings = json.dumps([f.as_json() for f in pre.warnings]) if pre.warnings else None
+        cost = json.dumps(pre.estimated_cost) if pre.estimated_cost is not None else None
+        try:
+            self.db.scalar(dbmod.API_RECORD_PREFLIGHT,
+                           (key_hash, job_id, pre.outcome, warnings, cost))
+        except SftqError as exc:
+            logger.warning("job %s: could not record its pre-flight: %s", job_id, exc.message)
 
     # POST /jobs:validate: the same body as POST /jobs, every check, nothing enqueued.
     def validate(self, request: Request) -> Response:
@@ -238,10 +323,23 @@ class JobsApi:
         check_json_content_type(request)
         req, _ = parse_submit(request.read_body(self.max_body))
         report = check_shape(req.kind, req.fireworks_payload)
-        body = {"valid": not report.errors, "kind": req.kind,
-                "errors": [f.as_json() for f in report.errors],
-                "warnings": [f.as_json() for f in report.warnings],
-                "schema_version": f"fireworks-ai {schema_version()}"}
+        errors, warnings = list(report.errors), list(report.warnings)
+        cost: Any = None
+        # "unavailable": no Fireworks credentials here; "unanswered": not in the budget.
+        checked = "unavailable"
+        found = self._ask_provider(req) if self.can_ask_provider() else None
+        if found is None and self.can_ask_provider():
+            checked = "unanswered"
+        elif found is not None:
+            errors += found.errors
+            warnings += found.warnings
+            cost = found.estimated_cost
+            checked = "done" if found.answered else "unanswered"
+        body = {"valid": not errors, "kind": req.kind,
+                "errors": [f.as_json() for f in errors],
+                "warnings": [f.as_json() for f in warnings],
+                "schema_version": f"fireworks-ai {schema_version()}",
+                "provider_checks": checked, "estimated_cost": cost}
         return Response(200, json.dumps(body, ensure_ascii=False).encode(), list(JSON_HEADERS))
 
     # GET /jobs
