@@ -178,6 +178,8 @@ def child_env(**overrides: str) -> dict[str, str]:
            if not k.startswith(("FIREWORKS_", "SFTQ_", "DATABASE_URL", "SUPABASE_", "SIMULATOR_"))}
     env["PYTHONPATH"] = functions + os.pathsep + env.get("PYTHONPATH", "")
     env.update({"FIREWORKS_API_KEY": API_KEY, "FIREWORKS_ACCOUNT_ID": ACCOUNT})
+    # The suite's pre-flight setting (tests/conftest.py): these ticks' payloads are placeholders.
+    env["SFTQ_PREFLIGHT"] = os.environ.get("SFTQ_PREFLIGHT", "off")
     env.update(overrides)
     return env
 

@@ -219,28 +219,30 @@ def test_an_external_rise_inside_the_window_is_taken_for_our_job(
         assert result["admitted"] == [] and state(conn, third) == "QUEUED"
         return
 
-    # Refused by the provider: transient, so the job keeps its place, slot and GPUs.
+    # Refused by the provider: a 429, so the job keeps its place, slot and GPUs, and no
+    # attempt is counted (a 429 is never the job's failure).
     row = job(conn, second)
-    assert (row["state"], row["submitted_at"], row["submit_attempts"]) == ("PROGRESS", None, 1)
+    assert (row["state"], row["submitted_at"], row["submit_attempts"]) == ("PROGRESS", None, 0)
     assert "HTTP 429: quota_exceeded" in row["last_submit_error"]
     result = tick()
     # Unsubmitted, it counts on top of usage: nothing is admitted into its GPUs meanwhile.
     assert (result["ours_recent"], result["budget"]) == (4, 0) and result["admitted"] == []
-    assert job(conn, second)["submit_attempts"] == 2 and result["failed"] == 0
+    assert job(conn, second)["submit_attempts"] == 0 and result["failed"] == 0
     sim.advance(61)  # the provider's usage shows our first job: the budget is right again
     result = tick()
     assert (result["quota"]["usage"], result["budget"]) == (8, 8 - (8 + 4))
     # ... and the reading shows no room for bob's job: its create is held, not sent into
     # a third refusal, and no attempt is counted.
     row = job(conn, second)
-    assert (row["state"], row["submitted_at"], row["submit_attempts"]) == ("PROGRESS", None, 2)
+    assert (row["state"], row["submitted_at"], row["submit_attempts"]) == ("PROGRESS", None, 0)
     assert row["last_submit_error"].startswith("waiting for room in the GPU quota: it needs 4")
     assert result["creates_held"] == 1 and sim.quota()["over_quota_creates"] == 2
     sim.set_quota(external_usage=0)  # the external job ends: room for ours
     result = tick()
     row = job(conn, second)
     assert result["submitted"] == 1 and row["submitted_at"] is not None
-    assert (row["state"], row["submit_attempts"], row["failure_class"]) == ("PROGRESS", 2, None)
+    # Created at its first counted attempt: the two 429s before it cost none.
+    assert (row["state"], row["submit_attempts"], row["failure_class"]) == ("PROGRESS", 0, None)
     assert sim.created_ok()[pid(second)] == 1 and sim.quota()["over_quota_creates"] == 2
     assert state(conn, third) == "QUEUED"  # the account is full: 4 + 4 of 8
 

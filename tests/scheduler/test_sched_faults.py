@@ -97,6 +97,8 @@ def test_provider_outage_leaves_every_job_as_it_was(conn: Conn, sim: RecordingSi
     assert job(conn, unsubmitted)["state"] == "PROGRESS"
 
     sim.set_faults()
+    # The 429s among the errors came with Retry-After: 1, which the ticks honour.
+    time.sleep(1.1)
     result = run_tick(database, make_provider(), settings)
     assert result["status"] == "ok", result
     assert state(conn, running[1]) == "CANCELLED"

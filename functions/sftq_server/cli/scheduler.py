@@ -80,6 +80,7 @@ def _provider(args: argparse.Namespace, settings: Settings, config: Mapping[str,
             account_id=config.get("FIREWORKS_ACCOUNT_ID") or SIM_ACCOUNT,
             quota_id=config.get("FIREWORKS_QUOTA_ID") or settings.fireworks_quota_id,
             timeout=settings.fireworks_timeout_seconds,
+            rpm=settings.fireworks_rpm,
         )
     return FireworksClient.from_env({k: v for k, v in config.items() if k.startswith("FIREWORKS_")})
 

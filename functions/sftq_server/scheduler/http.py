@@ -103,7 +103,7 @@ class TickApp:
                     self._provider = FireworksClient(
                         base_url=s.fireworks_base_url, api_key=s.fireworks_api_key,
                         account_id=s.fireworks_account_id, quota_id=s.fireworks_quota_id,
-                        timeout=s.fireworks_timeout_seconds)
+                        timeout=s.fireworks_timeout_seconds, rpm=s.fireworks_rpm)
             return self._provider
 
     def close(self) -> None:

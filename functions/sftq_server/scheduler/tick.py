@@ -10,6 +10,9 @@ One tick, in order (docs/scheduling.md explains each step and what happens on fa
  4. finish recorded cancels: stop the provider job (DELETE for SFT/DPO, :cancel for RFT),
     then PROGRESS -> CANCELLED;
  5. cancel queued jobs whose queue timeout ran out (no provider call);
+ 5b. pre-flight: ask the provider about the resources of waiting jobs jobs-api could not
+    check at enqueue (sftq_server.preflight.resources), the nearest the head first; a job
+    whose dataset, evaluator or model does not exist ends FAIL before its turn;
  6. read the live quota (401/403 here: our credentials are refused; nothing else runs);
  7. retry creates an earlier tick left unfinished, under the same provider id, once their
     backoff has passed and only while they still fit that quota (sftq.creates_that_fit:
@@ -26,6 +29,10 @@ The database decides (admission, every state change, the failure class); this mo
 carries facts between the two sides. Every step is safe to repeat: a tick killed at any
 line leaves work that the next tick finds in the database and finishes. No provider call is
 retried inside a tick: the next tick, which re-reads the database first, is the retry.
+
+A 429 (over the account's request rate) on any call stops the tick's provider calls; its
+Retry-After is recorded with the tick, and the ticks that start before it ends make no
+provider call at all. A 429 never costs a job an attempt, so it never fails a job.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
 
@@ -55,6 +62,7 @@ from sftq_server.provider import (
     ProviderError,
     ProviderJob,
     Quota,
+    RateLimited,
     Rejected,
     provider_job_id,
 )
@@ -69,6 +77,10 @@ LIST_PAGE_SIZE = 200
 # After this many transient provider failures in a row the tick stops calling the provider:
 # during an outage each call costs a full timeout, and the next tick retries everything anyway.
 MAX_CONSECUTIVE_TRANSIENT = 4
+# A Retry-After is honoured across ticks up to this long.
+MAX_BACKOFF_SECONDS = 900.0
+# A waiting job whose pre-flight got no answer is tried again after this long.
+PREFLIGHT_RETRY_SECONDS = 60.0
 # The tick row and the HTTP answer carry short error strings, not a log.
 MAX_ERRORS = 50
 MAX_ERROR_CHARS = 300
@@ -76,6 +88,7 @@ MAX_ERROR_CHARS = 300
 TERMINAL = frozenset({"SUCCESS", "FAIL", "CANCELLED"})
 NOT_ATTEMPTED = "not attempted: the provider failed several calls in a row"
 AUTH_REFUSED = "not attempted: the provider refused our credentials (401/403 on the account)"
+RATE_LIMITED = "not attempted: the provider is rate limiting us"
 NO_QUOTA_READING = ("not attempted: no quota reading this tick, so nothing shows the job still "
                     "fits; the create is sent once a reading does")
 
@@ -201,6 +214,11 @@ class _Tick:
     _transient_streak: int = 0
     _provider_down: bool = False
     _dropped_errors: int = 0
+    # Jobs the pre-flight ended, and checked with an answer.
+    preflight_failed: int = 0
+    preflight_checked: int = 0
+    # The end of a 429's Retry-After (epoch seconds) this tick met or started inside.
+    backoff_until: float | None = None
 
     # -- bookkeeping --------------------------------------------------------------------
 
@@ -240,14 +258,26 @@ class _Tick:
         self._transient_streak = 0
 
     def provider_failed(self, exc: ProviderError, what: str) -> None:
-        """Record a failed call; stop calling the provider once it looks down."""
+        """Record a failed call; stop calling the provider once it looks down, or at once
+        when it asks us to slow down (429)."""
         self.error(f"{what}: {exc}")
+        if isinstance(exc, RateLimited):
+            self.rate_limited(exc)
+            return
         if isinstance(exc, Rejected):
             self._transient_streak = 0
             return
         self._transient_streak += 1
         if self._transient_streak >= MAX_CONSECUTIVE_TRANSIENT:
             self._trip(f"{self._transient_streak} transient failures in a row")
+
+    def rate_limited(self, exc: RateLimited) -> None:
+        """A 429: no more provider calls this tick, nor before its Retry-After ends."""
+        wait = exc.retry_after if exc.retry_after is not None else self.provider.quiet_for
+        if wait:
+            until = time.time() + min(wait, MAX_BACKOFF_SECONDS)
+            self.backoff_until = max(self.backoff_until or 0.0, until)
+        self._trip("rate limited (HTTP 429)" + (f"; Retry-After {wait:g} s" if wait else ""))
 
     def _trip(self, why: str) -> None:
         if not self._provider_down:
@@ -407,14 +437,52 @@ class _Tick:
         self.queue_timeouts += expired
         self.cancelled += expired
 
+    # -- phase 5b: pre-flight of waiting jobs --------------------------------------------
+
+    def preflight(self, work: list[_Work]) -> None:
+        s = self.settings
+        if not s.preflight or s.preflight_tick_limit <= 0:
+            return
+        rows = self.db.fetchall(sql.PREFLIGHT_WORK,
+                                (s.preflight_tick_limit, PREFLIGHT_RETRY_SECONDS))
+        if not rows:
+            return
+        from sftq_server.preflight.resources import check_resources
+
+        cache: dict[str, tuple[str, str]] = {}
+        for job_id, kind, payload, gpu_count in rows:
+            self.lease.keep()
+            self.check_provider()
+            report = check_resources(self.provider, kind, dict(payload or {}), gpu_count,
+                                     budget_seconds=self.provider.timeout, cache=cache)
+            for exc in report.failures:
+                self.provider_failed(exc, f"pre-flight {job_id}")
+            warnings = json.dumps([f.as_json() for f in report.warnings]) \
+                if report.warnings else None
+            if report.errors:
+                findings = json.dumps([f.as_json() for f in report.errors])
+                message = "pre-flight: " + "; ".join(f.message for f in report.errors)
+                state = self.call(sql.FAIL_PREFLIGHT, (job_id, findings, message, warnings),
+                                  f"pre-flight {job_id}")
+                if state == "FAIL":
+                    self.failed += 1
+                    self.preflight_failed += 1
+                continue
+            outcome = "checked" if report.answered else "unanswered"
+            cost = json.dumps(report.estimated_cost) if report.estimated_cost is not None \
+                else None
+            self.call(sql.RECORD_PREFLIGHT, (job_id, outcome, warnings, cost),
+                      f"pre-flight {job_id}")
+            self.preflight_checked += report.answered
+
     # -- phase 6: the quota -------------------------------------------------------------
 
     def read_quota(self, work: list[_Work]) -> None:
         # Read even after a run of failed calls: those failures may belong to a few jobs
         # (the provider is otherwise fine), and skipping admission for them would stall the
         # whole queue behind them. A provider that is really down fails this one call too.
-        if self.auth_failed:
-            raise _ProviderDown
+        if self.auth_failed or self.backoff_until is not None:
+            raise _ProviderDown  # refused credentials, or a Retry-After still running
         try:
             quota = self.provider.get_quota()
         except AuthError as exc:
@@ -432,8 +500,12 @@ class _Tick:
 
     def _exhausted(self, w: _Work) -> bool:
         s = self.settings
+        # While the provider rate-limits us the clock does not run out on a job: a 429 is
+        # never the job's failure (its first other answer starts the bound again).
+        rate_limited = (w.last_submit_error or "").startswith(RATE_LIMITED)
         return w.submit_attempts >= s.submit_max_attempts or (
-            w.admitted_seconds is not None and w.admitted_seconds >= s.submit_max_seconds)
+            not rate_limited and w.admitted_seconds is not None
+            and w.admitted_seconds >= s.submit_max_seconds)
 
     def retry_submissions(self, work: list[_Work]) -> None:
         pending = [w for w in work if w.submitted_at is None and w.cancel_requested_at is None
@@ -501,6 +573,11 @@ class _Tick:
         except Rejected as exc:
             self._rejected(job_id, exc)
             return
+        except RateLimited as exc:
+            # Not an attempt: the job keeps its place, its id and every attempt it had.
+            self.db.scalar(sql.RECORD_SUBMIT_SKIPPED, (job_id, _short(f"{RATE_LIMITED}: {exc}")))
+            self.provider_failed(exc, f"submit {job_id}")
+            return
         except ProviderError as exc:
             # Transient, or an answer we cannot classify: the job keeps its place and its id.
             self._submit_failed(job_id, kind, exc, "create")
@@ -550,6 +627,10 @@ class _Tick:
             if self.refused(exc, f"submit {job_id}: last check"):
                 self.error(f"submit {job_id}: last check refused for this job: {exc}")
             self._check_failed(job_id, exc)
+            return
+        except RateLimited as exc:
+            # Cannot tell yet, and no fault of the job's: not counted against its checks.
+            self.provider_failed(exc, f"submit {job_id}: last check")
             return
         except ProviderError as exc:
             # Cannot tell yet: a later tick checks again (never a second create).
@@ -641,8 +722,7 @@ class _Tick:
             self.lease.keep()
             if self._provider_down:
                 # Admitted but not tried: say why on the job; the next tick submits it.
-                self.db.scalar(sql.RECORD_SUBMIT_SKIPPED,
-                               (job_id, AUTH_REFUSED if self.auth_failed else NOT_ATTEMPTED))
+                self.db.scalar(sql.RECORD_SUBMIT_SKIPPED, (job_id, self._why_not_attempted()))
                 continue
             try:
                 self.submit(job_id, str(job["kind"]), dict(job.get("fireworks_payload") or {}),
@@ -650,8 +730,14 @@ class _Tick:
             except _ProviderDown:
                 # Its own create found the credentials refused: it waits, with the reason
                 # (no attempt counted), like the jobs after it.
-                self.db.scalar(sql.RECORD_SUBMIT_SKIPPED,
-                               (job_id, AUTH_REFUSED if self.auth_failed else NOT_ATTEMPTED))
+                self.db.scalar(sql.RECORD_SUBMIT_SKIPPED, (job_id, self._why_not_attempted()))
+
+    def _why_not_attempted(self) -> str:
+        if self.auth_failed:
+            return AUTH_REFUSED
+        if self.backoff_until is not None:
+            return _short(f"{RATE_LIMITED}: the create is sent once its Retry-After ends")
+        return NOT_ATTEMPTED
 
     # -- phase 10: the second quota reading ---------------------------------------------
 
@@ -700,6 +786,9 @@ class _Tick:
             "failed": self.failed,
             "queue_timeouts": self.queue_timeouts,
             "gave_up": self.gave_up,
+            "preflight_checked": self.preflight_checked,
+            "preflight_failed": self.preflight_failed,
+            "provider_backoff_until": _iso(self.backoff_until),
             "creates_held": self.creates_held,
             "unknown_states": self.unknown_states,
             "provider_auth_failed": self.auth_failed,
@@ -766,11 +855,24 @@ def _calls_since(before: dict[tuple[str, str], int],
             if n > before.get((call, status), 0)]
 
 
+def _iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, tz=UTC).isoformat()
+
+
 def _phases(tick: _Tick) -> None:
     rows = tick.db.fetchall(sql.SCHEDULER_WORK)
     work = [_Work(*row) for row in rows]
-    for phase in (tick.reconcile, tick.finish_cancels, tick.expire_queued, tick.read_quota,
-                  tick.retry_submissions):
+    until = tick.db.scalar(sql.PROVIDER_BACKOFF_UNTIL)
+    if until is not None:
+        # An earlier tick was told to wait (429 Retry-After) until then: no provider call
+        # before it; what needs only the database still runs.
+        tick.backoff_until = until.timestamp()
+        tick._trip(f"rate limited: the provider's Retry-After runs until "
+                   f"{until.astimezone(UTC).isoformat(timespec='seconds')}")
+    for phase in (tick.reconcile, tick.finish_cancels, tick.expire_queued, tick.preflight,
+                  tick.read_quota, tick.retry_submissions):
         tick.lease.keep(force=True)
         # A provider that gave up ends the phase, not the tick: later phases still record
         # what they can, and each checks the breaker before calling out.
