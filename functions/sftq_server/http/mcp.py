@@ -98,8 +98,10 @@ class McpHttpApp:
     """The ASGI application of ``/functions/v1/mcp``."""
 
     def __init__(self, jobs_api_url: str, *, transport: httpx.AsyncBaseTransport | None = None,
-                 max_body_bytes: int = 1_048_576) -> None:
+                 max_body_bytes: int = 1_048_576, direct: bool = True) -> None:
         self.jobs_api_url = jobs_api_url.rstrip("/")
+        self.direct = direct
+        self._dispatch: DirectDispatch | None = None
         self._transport = _SharedTransport(transport or httpx.AsyncHTTPTransport())
         self.max_body_bytes = max_body_bytes + ENVELOPE_BYTES
         self._managers: tuple[Any, ...] = ()
@@ -155,6 +157,7 @@ class McpHttpApp:
                 StreamableHTTPSessionManager(app=server, stateless=True, json_response=plain,
                                              max_request_body_size=self.max_body_bytes)
                 for plain in (False, True))
+            self._dispatch = DirectDispatch(server) if self.direct else None
             loop = asyncio.get_running_loop()
             self._ready = loop.create_future()
             self._stop = asyncio.Event()
@@ -232,18 +235,119 @@ class McpHttpApp:
                           [(b"www-authenticate", b'Bearer realm="finetune-queue"')])
             return rpc
         streaming, plain = await self._start()
-        manager = streaming if b'"progressToken"' in body else plain
-        await manager.handle_request(scope, receive, send)
+        if b'"progressToken"' in body:
+            await streaming.handle_request(scope, receive, send)
+        elif self._dispatch is None or not await self._dispatch.answer(scope, body, send):
+            await plain.handle_request(scope, receive, send)
         return rpc
 
     async def _key_accepted(self, key: str) -> bool:
-        from sftq_client import Unauthorized
+        """False only when jobs-api refused the key. Any other failure (jobs-api down, an odd
+        answer) lets the initialize through: every later call is checked by jobs-api again,
+        and fails there as a tool error that says what happened."""
+        from sftq_client import SftqError, Unauthorized
 
         try:
             await self.client(key).list_jobs(limit=1)
         except Unauthorized:
             self._clients.pop(key, None)
             return False
+        except SftqError as exc:
+            logger.warning("could not check the key at initialize: %s", exc)
+        return True
+
+
+class DirectDispatch:
+    """A stateless request answered as one JSON body, without the transport's per-request
+    machinery.
+
+    For each stateless request the package's transport makes a transport object, a server
+    session, two task groups and four memory streams, and passes the message through them to
+    the server's handler and its answer back: about two thirds of a short tool call's
+    overhead (docs/performance.md). Most requests here are a plain `tools/call`, so `answer`
+    takes exactly the steps the transport and the session take for one (the same header
+    checks, the package's own types and validation, the server's own handler and request
+    context, the same JSON-RPC answer) and nothing else. Every request it does not take on as
+    it stands (initialize, notifications, a progress token, a header or body the transport
+    would refuse, a method without a handler) goes to the transport, which answers it as
+    always; tests/mcp/test_mcp_direct.py checks that both ways answer alike."""
+
+    def __init__(self, server: Any) -> None:
+        import mcp.types as types
+        from mcp.server.lowlevel.server import request_ctx
+        from mcp.shared.context import RequestContext
+        from mcp.shared.exceptions import McpError
+        from mcp.shared.version import SUPPORTED_PROTOCOL_VERSIONS
+        from starlette.requests import Request
+
+        self.server = server
+        self.types = types
+        self.request_ctx = request_ctx
+        self.default_version = types.DEFAULT_NEGOTIATED_VERSION
+        self.context = RequestContext
+        self.mcp_error = McpError
+        self.versions = frozenset(SUPPORTED_PROTOCOL_VERSIONS)
+        self.request = Request
+
+    def _headers_pass(self, scope: Any) -> bool:
+        """The transport's checks of a JSON-mode POST (Accept, Content-Type, the protocol
+        version); a request that fails one is the transport's to refuse."""
+        if scope.get("method") != "POST":
+            return False
+        first: dict[bytes, bytes] = {}
+        for name, value in scope.get("headers", ()):
+            first.setdefault(name.lower(), value)
+        accept = first.get(b"accept", b"").decode("latin-1")
+        if not any(part.strip().startswith("application/json") for part in accept.split(",")):
+            return False
+        content_type = first.get(b"content-type", b"").decode("latin-1")
+        if not content_type.lower().startswith("application/json") or "application/json" not in [
+                part.strip() for part in content_type.split(";")[0].split(",")]:
+            return False
+        version = first.get(b"mcp-protocol-version")
+        return (version.decode("latin-1") if version is not None
+                else self.default_version) in self.versions
+
+    async def answer(self, scope: Any, body: bytes, send: Any) -> bool:
+        """Answer the request and say True, or say False and send nothing."""
+        types = self.types
+        if not self._headers_pass(scope):
+            return False
+        try:
+            message = types.JSONRPCMessage.model_validate(json.loads(body))
+            root = message.root
+            if not isinstance(root, types.JSONRPCRequest) or root.method == "initialize":
+                return False
+            request = types.ClientRequest.model_validate(
+                root.model_dump(by_alias=True, mode="json", exclude_none=True)).root
+        except ValueError:  # a parse or validation error: the transport's answer
+            return False
+        meta = request.params.meta if request.params is not None else None
+        handler = self.server.request_handlers.get(type(request))
+        if handler is None or (meta is not None and meta.progressToken is not None):
+            return False
+        # No session: a request without a progress token sends nothing but its answer.
+        token = self.request_ctx.set(self.context(
+            root.id, meta, None, {}, request=self.request(scope)))  # type: ignore[arg-type]
+        try:
+            response = await handler(request)
+        except self.mcp_error as err:
+            response = err.error
+        except Exception as err:  # as the server answers a handler's failure
+            logger.warning("MCP handler failed", exc_info=True)
+            response = types.ErrorData(code=0, message=str(err), data=None)
+        finally:
+            self.request_ctx.reset(token)
+        if isinstance(response, types.ErrorData):
+            reply: Any = types.JSONRPCError(jsonrpc="2.0", id=root.id, error=response)
+        else:
+            reply = types.JSONRPCResponse(jsonrpc="2.0", id=root.id, result=response.model_dump(
+                by_alias=True, mode="json", exclude_none=True))
+        payload = types.JSONRPCMessage(reply).model_dump_json(
+            by_alias=True, exclude_none=True).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(payload)).encode()), *_JSON]})
+        await send({"type": "http.response.body", "body": payload})
         return True
 
 
