@@ -176,3 +176,20 @@ def test_the_direct_answers_are_the_tools_answers() -> None:
             await app.aclose()
 
     anyio.run(main)
+
+
+def test_an_initialize_whose_key_check_cannot_be_made_is_let_through() -> None:
+    """Only a refused key stops an initialize; jobs-api answering oddly does not crash it."""
+
+    def odd(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"not": "a list"})
+
+    async def main() -> None:
+        app = http_mcp.McpHttpApp("http://jobs.test/v1", transport=httpx.MockTransport(odd))
+        try:
+            status, _, answer = await post(app, INITIALIZE, {})
+            assert status == 200 and answer["result"]["serverInfo"]["name"] == "finetune-queue"
+        finally:
+            await app.aclose()
+
+    anyio.run(main)
