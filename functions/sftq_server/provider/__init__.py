@@ -880,16 +880,8 @@ class FireworksClient:
         parsed = parse_error_message(body)
         detail = parsed if parsed is not None else (body[:200] or _reason(status))
         message = f"{what}: HTTP {status}: {detail}"
-        if status == 429:
-            return RateLimited(
-                message,
-                status=status,
-                body=body,
-                provider_message=parsed,
-                retry_after=parse_retry_after(retry_after),
-            )
-        if status == 408 or 500 <= status <= 599:
-            return Transient(
+        if status in (408, 429) or 500 <= status <= 599:
+            return (RateLimited if status == 429 else Transient)(
                 message,
                 status=status,
                 body=body,
