@@ -161,6 +161,22 @@ def test_validate_runs_every_check_and_enqueues_nothing(serve: Any, key: str, db
         assert conn.execute("SELECT count(*) FROM sftq.jobs").fetchone() == (0,)
 
 
+def test_validate_of_a_misshapen_payload_still_looks_up_resources_but_asks_no_cost(
+        serve: Any, key: str, sim: SimulatorServer) -> None:
+    base = serve()
+    sim.simulator.set_resources({"resources": {DATASET: "UPLOADING"}})
+    sim.simulator.clear_requests()
+    body = post(base, key, {"kind": "SFT", "fireworks_payload": SFT | {"learningrate": 0.1}},
+                "/jobs:validate").json()
+    assert body["valid"] is False and body["provider_checks"] == "done"
+    assert [e["path"] for e in body["errors"]] == ["fireworks_payload.learningrate"]
+    assert [w["path"] for w in body["warnings"]] == ["fireworks_payload.dataset"]  # looked up
+    assert body["estimated_cost"] is None
+    paths = [r["path"] for r in sim.simulator.requests()]
+    assert any("/datasets/" in p for p in paths), paths
+    assert not [p for p in paths if p.endswith(":estimateCost")], paths
+
+
 def test_a_slow_provider_leaves_the_check_to_the_tick_which_fails_the_job_while_queued(
         serve: Any, key: str, db_url: str, sim: SimulatorServer) -> None:
     # The provider answers slower than the budget: the job is accepted at once, unchecked.

@@ -89,9 +89,11 @@ Outcome = tuple[str, str]
 
 def check_resources(client: FireworksClient, kind: str, payload: dict[str, Any],
                     gpu_count: int | None = None, *, budget_seconds: float,
-                    cache: dict[str, Outcome] | None = None) -> ResourceReport:
+                    cache: dict[str, Outcome] | None = None,
+                    estimate: bool = True) -> ResourceReport:
     """Every provider check of one job within `budget_seconds` (each call's timeout is what
-    is left of it). `cache` shares answers between the jobs of one tick."""
+    is left of it). `cache` shares answers between the jobs of one tick; without `estimate`
+    no cost is asked (of a payload Fireworks would refuse anyway)."""
     report = ResourceReport()
     deadline = time.monotonic() + budget_seconds
     for ref in references(client, kind, payload):
@@ -113,7 +115,7 @@ def check_resources(client: FireworksClient, kind: str, payload: dict[str, Any],
         if report.rate_limited is not None:
             report.answered = False
             return report
-    if kind == "SFT" and not report.errors and report.rate_limited is None:
+    if estimate and kind == "SFT" and not report.errors and report.rate_limited is None:
         report.estimated_cost = _estimate(client, payload, gpu_count, deadline, report)
     return report
 

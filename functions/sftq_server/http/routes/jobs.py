@@ -289,7 +289,7 @@ class JobsApi:
         # Not answered in time: left to the next tick, as if never asked.
         pre.outcome = "checked" if report.answered else "pending"
 
-    def _ask_provider(self, req: SubmitRequest) -> Any:
+    def _ask_provider(self, req: SubmitRequest, estimate: bool = True) -> Any:
         """The provider check's report, or None when it could not be made at all (an
         unexpected failure is logged and leaves the check to the tick: never a 500)."""
         from sftq_server.preflight.resources import check_resources
@@ -297,7 +297,8 @@ class JobsApi:
         try:
             provider: Any = self._get_provider()
             return check_resources(provider, req.kind, req.fireworks_payload, req.gpu_count,
-                                   budget_seconds=self.settings.preflight_budget_ms / 1000)
+                                   budget_seconds=self.settings.preflight_budget_ms / 1000,
+                                   estimate=estimate)
         except Exception as exc:  # noqa: BLE001 - the job is checked again by the tick
             logger.warning("pre-flight provider check failed (%s): %s", type(exc).__name__, exc)
             return None
@@ -327,7 +328,10 @@ class JobsApi:
         cost: Any = None
         # "unavailable": no Fireworks credentials here; "unanswered": not in the budget.
         checked = "unavailable"
-        found = self._ask_provider(req) if self.can_ask_provider() else None
+        # The resources are looked up whatever the shape check found (one answer tells both),
+        # but a cost is asked only of a payload Fireworks would take.
+        found = (self._ask_provider(req, estimate=not errors) if self.can_ask_provider()
+                 else None)
         if found is None and self.can_ask_provider():
             checked = "unanswered"
         elif found is not None:
