@@ -7,6 +7,6 @@ resources: the dataset, evaluator and models the payload names, asked of Firewor
   SFT job's cost estimate); at enqueue within a budget, else by the tick while the job waits.
 """
 
-from sftq_server.preflight.shape import Finding, ShapeReport, check_shape
+from sftq_server.preflight.shape import Finding, ShapeReport, check_shape, findings_json
 
-__all__ = ["Finding", "ShapeReport", "check_shape"]
+__all__ = ["Finding", "ShapeReport", "check_shape", "findings_json"]

@@ -10,6 +10,7 @@ than our schema: the job is accepted and the finding comes back in `warnings`.
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,11 @@ class Finding:
 
     def as_json(self) -> dict[str, str]:
         return {"path": self.path, "message": self.message}
+
+
+def findings_json(findings: list[Finding]) -> str | None:
+    """Findings as the JSON array text a procedure takes; None for none (SQL NULL)."""
+    return json.dumps([f.as_json() for f in findings], ensure_ascii=False) if findings else None
 
 
 @dataclass

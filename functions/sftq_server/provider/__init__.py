@@ -56,8 +56,14 @@ DEFAULT_RATE_LIMIT_SECONDS = 5.0
 MAX_RETRY_AFTER_SECONDS = 900.0
 
 # The resources a payload names (pre-flight): accounts/{account}/{datasets|models|evaluators}/{id}.
+_RESOURCE_ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 RESOURCE_RE = re.compile(
-    r"^accounts/([a-z0-9][a-z0-9-]{0,62})/(datasets|models|evaluators)/([A-Za-z0-9][A-Za-z0-9._-]{0,127})$")
+    rf"^accounts/([a-z0-9][a-z0-9-]{{0,62}})/(datasets|models|evaluators)/({_RESOURCE_ID})$")
+
+
+def _resource_match(name: str) -> re.Match[str] | None:
+    """A full dataset, model or evaluator name (no '..' segment: it goes into a URL path)."""
+    return RESOURCE_RE.match(name) if ".." not in name else None
 
 # Fireworks resource ids: 1-63 of [a-z0-9-], no leading or trailing '-'. Checking ids before
 # they go into a URL path also keeps a malformed id from addressing some other resource.
@@ -682,16 +688,16 @@ class FireworksClient:
         the reference is not one the API could address. A bare id is this account's."""
         if not isinstance(ref, str) or not ref:
             return None
-        if "/" not in ref and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", ref):
+        if "/" not in ref and re.fullmatch(_RESOURCE_ID, ref):
             ref = f"accounts/{self.account_id}/{kind}/{ref}"
-        match = RESOURCE_RE.match(ref)
-        return ref if match and match.group(2) == kind and ".." not in ref else None
+        match = _resource_match(ref)
+        return ref if match and match.group(2) == kind else None
 
     def get_resource(self, name: str, *, timeout: float | None = None) -> dict[str, Any]:
         """GET one dataset, model or evaluator by its full name (any account's: the public
         models live under accounts/fireworks). `NotFound` when it does not exist."""
-        match = RESOURCE_RE.match(name)
-        if not match or ".." in name:
+        match = _resource_match(name)
+        if not match:
             raise ValueError(f"not a dataset, model or evaluator name: {name!r}")
         call = "get_" + match.group(2).removesuffix("s")
         return self._request("GET", f"/v1/{name}", call=call, timeout=timeout)
@@ -797,9 +803,7 @@ class FireworksClient:
         if wait is not None:
             # Not sent: the provider asked us to hold off (Retry-After), and this call comes
             # before that time. Counted as "not_sent", never as a provider call.
-            with self._count_lock:
-                key = (call, "not_sent")
-                self.call_counts[key] = self.call_counts.get(key, 0) + 1
+            self._count(call, "not_sent")
             raise RateLimited(f"{what}: not sent: the provider asked us to wait, "
                               f"{wait:.1f} s more (Retry-After)", retry_after=wait)
         with self._count_lock:
@@ -822,8 +826,11 @@ class FireworksClient:
                 label = "timeout"
             raise
         finally:
-            with self._count_lock:
-                self.call_counts[(call, label)] = self.call_counts.get((call, label), 0) + 1
+            self._count(call, label)
+
+    def _count(self, call: str, label: str) -> None:
+        with self._count_lock:
+            self.call_counts[(call, label)] = self.call_counts.get((call, label), 0) + 1
 
     def _send(
         self,

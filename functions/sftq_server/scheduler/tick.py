@@ -447,6 +447,7 @@ class _Tick:
                                 (s.preflight_tick_limit, PREFLIGHT_RETRY_SECONDS))
         if not rows:
             return
+        from sftq_server.preflight import findings_json
         from sftq_server.preflight.resources import check_resources
 
         cache: dict[str, tuple[str, str]] = {}
@@ -457,10 +458,9 @@ class _Tick:
                                      budget_seconds=self.provider.timeout, cache=cache)
             for exc in report.failures:
                 self.provider_failed(exc, f"pre-flight {job_id}")
-            warnings = json.dumps([f.as_json() for f in report.warnings]) \
-                if report.warnings else None
+            warnings = findings_json(report.warnings)
             if report.errors:
-                findings = json.dumps([f.as_json() for f in report.errors])
+                findings = findings_json(report.errors)
                 message = "pre-flight: " + "; ".join(f.message for f in report.errors)
                 state = self.call(sql.FAIL_PREFLIGHT, (job_id, findings, message, warnings),
                                   f"pre-flight {job_id}")

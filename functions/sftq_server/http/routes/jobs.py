@@ -54,7 +54,7 @@ from sftq_server.http.models import (
     SubmitRequest,
 )
 from sftq_server.http.web import JSON_HEADERS, Request, Response
-from sftq_server.preflight import Finding, ShapeReport, check_shape
+from sftq_server.preflight import Finding, ShapeReport, check_shape, findings_json
 from sftq_server.preflight.schema import schema_version
 
 logger = logging.getLogger("sftq.api")
@@ -221,9 +221,8 @@ def created(request: Request, answer: Answer, pre: Preflight | None = None) -> R
     headers = [*JSON_HEADERS, ("Location", f"{request.script_name}/jobs/{job_id}")]
     if replayed:
         headers.append(("Idempotent-Replayed", "true"))
-    if pre is not None and pre.warnings:
+    if pre is not None and (found := findings_json(pre.warnings)) is not None:
         # The procedure's body is one JSON object; the warnings join it as its last field.
-        found = json.dumps([f.as_json() for f in pre.warnings], ensure_ascii=False)
         body = f'{body[:-1]},"warnings":{found}}}'
     if pre is not None and pre.estimated_cost is not None:
         cost = json.dumps(pre.estimated_cost, ensure_ascii=False)
@@ -310,11 +309,10 @@ class JobsApi:
         _, replayed, job_id = answer
         if replayed or not pre.to_record:
             return
-        warnings = json.dumps([f.as_json() for f in pre.warnings]) if pre.warnings else None
         cost = json.dumps(pre.estimated_cost) if pre.estimated_cost is not None else None
         try:
             self.db.scalar(dbmod.API_RECORD_PREFLIGHT,
-                           (key_hash, job_id, pre.outcome, warnings, cost))
+                           (key_hash, job_id, pre.outcome, findings_json(pre.warnings), cost))
         except SftqError as exc:
             logger.warning("job %s: could not record its pre-flight: %s", job_id, exc.message)
 
@@ -328,17 +326,15 @@ class JobsApi:
         cost: Any = None
         # "unavailable": no Fireworks credentials here; "unanswered": not in the budget.
         checked = "unavailable"
-        # The resources are looked up whatever the shape check found (one answer tells both),
-        # but a cost is asked only of a payload Fireworks would take.
-        found = (self._ask_provider(req, estimate=not errors) if self.can_ask_provider()
-                 else None)
-        if found is None and self.can_ask_provider():
-            checked = "unanswered"
-        elif found is not None:
-            errors += found.errors
-            warnings += found.warnings
-            cost = found.estimated_cost
-            checked = "done" if found.answered else "unanswered"
+        if self.can_ask_provider():
+            # The resources are looked up whatever the shape check found (one answer tells
+            # both), but a cost is asked only of a payload Fireworks would take.
+            found = self._ask_provider(req, estimate=not errors)
+            checked = "done" if found is not None and found.answered else "unanswered"
+            if found is not None:
+                errors += found.errors
+                warnings += found.warnings
+                cost = found.estimated_cost
         body = {"valid": not errors, "kind": req.kind,
                 "errors": [f.as_json() for f in errors],
                 "warnings": [f.as_json() for f in warnings],
