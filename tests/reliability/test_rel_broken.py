@@ -46,7 +46,8 @@ import sftq_server.core.tick_secret
 import sftq_server.http.apps
 import sftq_server.http.routes.jobs
 import sftq_server.http.web
-import sftq_server.scheduler.tick
+import sftq_server.scheduler.tick.context
+import sftq_server.scheduler.tick.submit
 from sftq_server.db import Database
 from sftq_server.http.gateway import make_gateway as gateway_app
 
@@ -180,8 +181,10 @@ def test_created_once_check_catches_a_create_that_is_not_idempotent(
         figures: dict[str, Any]) -> None:
     if broken:
         # A fresh provider id per attempt: a create whose answer was lost is made again.
-        monkeypatch.setattr(sftq_server.scheduler.tick, "provider_job_id",
-                            lambda job_id: "sftq-" + uuid.uuid4().hex)
+        # Patched where the tick names it: the work rows' ids and the creates.
+        for module in (sftq_server.scheduler.tick.context, sftq_server.scheduler.tick.submit):
+            monkeypatch.setattr(module, "provider_job_id",
+                                lambda job_id: "sftq-" + uuid.uuid4().hex)
     sim, _ = mini_faults(db_url, make_sim, lost_rate=0.5, ticks=5)
     with connect(db_url) as conn:
         found = created_once_violations(conn, sim, final=True)

@@ -1,0 +1,333 @@
+"""What one tick carries from phase to phase: its lease, the rows it works on, the per-tick
+breaker in front of the provider, and the bookkeeping that becomes the tick's answer.
+
+Every phase module (reconcile, cancels, preflight, quota, submit) takes a `Tick` and the
+tick's `Work` rows; none of them holds state of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+from sftq_server import db as sql
+from sftq_server.core.errors import Conflict, NotFound
+from sftq_server.core.settings import Settings
+from sftq_server.db import Database
+from sftq_server.provider import (
+    AuthError,
+    FireworksClient,
+    ProviderError,
+    ProviderJob,
+    Quota,
+    RateLimited,
+    Rejected,
+    provider_job_id,
+)
+
+# One logger for the whole tick, named after the package (operators filter on it).
+logger = logging.getLogger(__package__)
+
+# After this many transient provider failures in a row the tick stops calling the provider:
+# during an outage each call costs a full timeout, and the next tick retries everything anyway.
+MAX_CONSECUTIVE_TRANSIENT = 4
+# A Retry-After is honoured across ticks up to this long.
+MAX_BACKOFF_SECONDS = 900.0
+# The tick row and the HTTP answer carry short error strings, not a log.
+MAX_ERRORS = 50
+MAX_ERROR_CHARS = 300
+
+TERMINAL = frozenset({"SUCCESS", "FAIL", "CANCELLED"})
+NOT_ATTEMPTED = "not attempted: the provider failed several calls in a row"
+AUTH_REFUSED = "not attempted: the provider refused our credentials (401/403 on the account)"
+RATE_LIMITED = "not attempted: the provider is rate limiting us"
+NO_QUOTA_READING = ("not attempted: no quota reading this tick, so nothing shows the job still "
+                    "fits; the create is sent once a reading does")
+
+
+class LeaseLost(Exception):
+    """The lease could not be renewed: it expired, and another tick may own the queue now."""
+
+
+class ProviderDown(Exception):
+    """The tick gave up on the provider for the rest of this tick."""
+
+
+class Work(NamedTuple):
+    """One row of sftq.scheduler_work(), in its column order."""
+
+    job_id: uuid.UUID
+    kind: str
+    user_id: int
+    gpu_count: int
+    started_at: datetime | None
+    submitted_at: datetime | None
+    fireworks_job_name: str | None
+    cancel_requested_at: datetime | None
+    provider_state: str | None
+    submit_attempts: int
+    fireworks_payload: dict[str, Any] | None
+    submit_due: bool
+    admitted_seconds: float | None
+    provider_checked_at: datetime | None
+    last_submit_error: str | None
+    last_check_failures: int
+
+    @property
+    def provider_id(self) -> str:
+        # The name the provider gave back wins (an adopted job carries it too); before any
+        # create it is the deterministic id, which is what makes a blind stop or a retried
+        # create address the one job a dead tick may have created.
+        if self.fireworks_job_name:
+            return self.fireworks_job_name.rsplit("/", 1)[-1]
+        return provider_job_id(self.job_id)
+
+
+class Lease:
+    """The tick lease, renewed between phases and whenever a quarter of it has passed."""
+
+    def __init__(self, db: Database, tick_id: int, ttl: float) -> None:
+        self.db = db
+        self.tick_id = tick_id
+        self.ttl = ttl
+        self._renewed = time.monotonic()
+
+    def keep(self, *, force: bool = False) -> None:
+        if not force and time.monotonic() - self._renewed < self.ttl / 4:
+            return
+        if not self.db.scalar(sql.TICK_RENEW, (self.tick_id, self.ttl)):
+            raise LeaseLost
+        self._renewed = time.monotonic()
+
+
+def short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+def as_dict(answer: Any) -> dict[str, Any]:
+    if isinstance(answer, str):
+        answer = json.loads(answer)
+    return dict(answer) if isinstance(answer, dict) else {}
+
+
+def iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, tz=UTC).isoformat()
+
+
+def default_holder() -> str:
+    """Who holds the lease: host and process, enough to find a stuck tick's owner."""
+    return f"{socket.gethostname()}:{os.getpid()}"[:200]
+
+
+def observation(pj: ProviderJob) -> dict[str, Any]:
+    """What sftq.observe_provider_job takes from one provider job."""
+    return {
+        "state": pj.state,
+        "message": pj.message,
+        "status_code": pj.status_code,
+        "percent": pj.progress_percent,
+        "epoch": pj.progress_epoch,
+        "estimated_cost": pj.estimated_cost,
+    }
+
+
+@dataclass
+class Tick:
+    db: Database
+    provider: FireworksClient
+    settings: Settings
+    lease: Lease
+    errors: list[str] = field(default_factory=list)
+    quota: Quota | None = None
+    budget: int | None = None
+    ours_total: int | None = None
+    ours_recent: int | None = None
+    admitted: list[str] = field(default_factory=list)
+    submitted: int = 0
+    reconciled: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    queue_timeouts: int = 0
+    gave_up: int = 0
+    creates_held: int = 0
+    unknown_states: int = 0
+    usage_after: float | None = None
+    usage_counted_gpus: int = 0
+    # True: the provider refused our credentials on an account-level call; False: an
+    # account-level call succeeded in this tick; None: this tick could not tell.
+    auth_failed: bool | None = None
+    # Jobs that left PROGRESS during this tick: later phases leave them alone.
+    done: set[uuid.UUID] = field(default_factory=set)
+    # Provider jobs created (or adopted) this tick: the quota is read again after creates.
+    created: int = 0
+    # The per-tick breaker: no more provider calls this tick once it is open.
+    provider_down: bool = False
+    # Jobs the pre-flight ended, and checked with an answer.
+    preflight_failed: int = 0
+    preflight_checked: int = 0
+    # The end of a 429's Retry-After (epoch seconds) this tick met or started inside.
+    backoff_until: float | None = None
+    # The account probe after a 401/403 on a job: run at most once per tick.
+    _probed: bool = False
+    _probe_ok: bool = False
+    _transient_streak: int = 0
+    _dropped_errors: int = 0
+
+    # -- bookkeeping --------------------------------------------------------------------
+
+    def error(self, text: str) -> None:
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(short(text))
+        else:
+            self._dropped_errors += 1
+
+    def ended(self, job_id: uuid.UUID, state: str | None) -> bool:
+        """Count a job that this tick saw leave PROGRESS; True if it did."""
+        if state not in TERMINAL:
+            return False
+        self.done.add(job_id)
+        if state == "CANCELLED":
+            self.cancelled += 1
+        elif state == "FAIL":
+            self.failed += 1
+        return True
+
+    def call(self, query: str, params: tuple[Any, ...], what: str) -> Any:
+        """A procedure whose coded refusal (the job moved on meanwhile) is not the tick's
+        failure: it is noted and the tick goes on."""
+        try:
+            return self.db.scalar(query, params)
+        except (NotFound, Conflict) as exc:
+            self.error(f"{what}: {exc.message}")
+            return None
+
+    # -- the provider, with a per-tick breaker ------------------------------------------
+
+    def check_provider(self) -> None:
+        if self.provider_down:
+            raise ProviderDown
+
+    def provider_ok(self) -> None:
+        self._transient_streak = 0
+
+    def provider_failed(self, exc: ProviderError, what: str) -> None:
+        """Record a failed call; stop calling the provider once it looks down, or at once
+        when it asks us to slow down (429)."""
+        self.error(f"{what}: {exc}")
+        if isinstance(exc, RateLimited):
+            self.rate_limited(exc)
+            return
+        if isinstance(exc, Rejected):
+            self._transient_streak = 0
+            return
+        self._transient_streak += 1
+        if self._transient_streak >= MAX_CONSECUTIVE_TRANSIENT:
+            self.trip(f"{self._transient_streak} transient failures in a row")
+
+    def rate_limited(self, exc: RateLimited) -> None:
+        """A 429: no more provider calls this tick, nor before its Retry-After ends."""
+        wait = exc.retry_after if exc.retry_after is not None else self.provider.quiet_for
+        if wait:
+            until = time.time() + min(wait, MAX_BACKOFF_SECONDS)
+            self.backoff_until = max(self.backoff_until or 0.0, until)
+        self.trip("rate limited (HTTP 429)" + (f"; Retry-After {wait:g} s" if wait else ""))
+
+    def trip(self, why: str) -> None:
+        """Open the breaker: no more provider calls this tick."""
+        if not self.provider_down:
+            self.provider_down = True
+            self.error(f"provider: {why}; no more provider calls this tick")
+
+    def refused(self, exc: AuthError, what: str) -> bool:
+        """A 401/403 on a call about one job: is it the job, or our credentials?
+
+        Probes an account-level call (the quota read) right then, once per tick. Answers
+        True when the account is fine, so the refusal concerns this job alone. When the
+        probe is refused too, the credentials are bad: the tick flags it, makes no more
+        provider calls and raises ProviderDown, changing no job. A probe that fails
+        otherwise decides nothing: the caller treats the refusal as a transient failure.
+        """
+        if self.auth_failed:
+            raise ProviderDown
+        if not self._probed:
+            self._probed = True
+            try:
+                self.provider.get_quota()
+            except AuthError as probe:
+                self.credentials_refused(probe, f"{what}: account probe")
+            except ProviderError as probe:
+                self.provider_failed(probe, f"{what}: account probe after HTTP {exc.status}")
+            else:
+                self.provider_ok()
+                self.auth_failed = False
+                self._probe_ok = True
+        return self._probe_ok
+
+    def credentials_refused(self, exc: AuthError, what: str) -> None:
+        """The account itself is refused: flag it, open the breaker, raise ProviderDown."""
+        self.auth_failed = True
+        self.error(f"{what}: provider_auth_failed: {exc}")
+        self.trip("provider_auth_failed: the provider refused our credentials")
+        raise ProviderDown
+
+    def why_not_attempted(self) -> str:
+        """Why an admitted job's create was not sent this tick (the breaker is open)."""
+        if self.auth_failed:
+            return AUTH_REFUSED
+        if self.backoff_until is not None:
+            return short(f"{RATE_LIMITED}: the create is sent once its Retry-After ends")
+        return NOT_ATTEMPTED
+
+    # -- result -------------------------------------------------------------------------
+
+    def result(self, tick_id: int, provider_calls: int, duration_ms: int,
+               extra_error: str | None = None) -> dict[str, Any]:
+        if extra_error:
+            self.error(extra_error)
+        errors = list(self.errors)
+        if self._dropped_errors:
+            errors.append(f"... and {self._dropped_errors} more errors")
+        quota = None
+        if self.quota is not None:
+            quota = {"limit": self.quota.limit, "value": self.quota.value,
+                     "max_value": self.quota.max_value, "usage": self.quota.usage}
+        return {
+            "status": "error" if errors else "ok",
+            "tick_id": tick_id,
+            "quota": quota,
+            "budget": self.budget,
+            "ours_total": self.ours_total,
+            "ours_recent": self.ours_recent,
+            "admitted": list(self.admitted),
+            "submitted": self.submitted,
+            "reconciled": self.reconciled,
+            "cancelled": self.cancelled,
+            "failed": self.failed,
+            "queue_timeouts": self.queue_timeouts,
+            "gave_up": self.gave_up,
+            "preflight_checked": self.preflight_checked,
+            "preflight_failed": self.preflight_failed,
+            "provider_backoff_until": iso(self.backoff_until),
+            "creates_held": self.creates_held,
+            "unknown_states": self.unknown_states,
+            "provider_auth_failed": self.auth_failed,
+            "usage_after": self.usage_after,
+            "usage_counted_gpus": self.usage_counted_gpus,
+            "errors": errors,
+            "provider_calls": provider_calls,
+            "duration_ms": duration_ms,
+        }

@@ -1,0 +1,51 @@
+"""Phase 5b, pre-flight of waiting jobs: ask the provider about the resources of the queued
+jobs jobs-api could not check at enqueue (sftq_server.preflight.resources), the nearest the
+head first; a job whose dataset, evaluator or model does not exist ends FAIL before its turn.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sftq_server import db as sql
+from sftq_server.scheduler.tick.context import Tick, Work
+
+# A waiting job whose pre-flight got no answer is tried again after this long.
+PREFLIGHT_RETRY_SECONDS = 60.0
+
+
+def preflight(tick: Tick, work: list[Work]) -> None:
+    s = tick.settings
+    if not s.preflight or s.preflight_tick_limit <= 0:
+        return
+    rows = tick.db.fetchall(sql.PREFLIGHT_WORK,
+                            (s.preflight_tick_limit, PREFLIGHT_RETRY_SECONDS))
+    if not rows:
+        return
+    from sftq_server.preflight import findings_json
+    from sftq_server.preflight.resources import check_resources
+
+    cache: dict[str, tuple[str, str]] = {}
+    for job_id, kind, payload, gpu_count in rows:
+        tick.lease.keep()
+        tick.check_provider()
+        report = check_resources(tick.provider, kind, dict(payload or {}), gpu_count,
+                                 budget_seconds=tick.provider.timeout, cache=cache)
+        for exc in report.failures:
+            tick.provider_failed(exc, f"pre-flight {job_id}")
+        warnings = findings_json(report.warnings)
+        if report.errors:
+            findings = findings_json(report.errors)
+            message = "pre-flight: " + "; ".join(f.message for f in report.errors)
+            state = tick.call(sql.FAIL_PREFLIGHT, (job_id, findings, message, warnings),
+                              f"pre-flight {job_id}")
+            if state == "FAIL":
+                tick.failed += 1
+                tick.preflight_failed += 1
+            continue
+        outcome = "checked" if report.answered else "unanswered"
+        cost = json.dumps(report.estimated_cost) if report.estimated_cost is not None \
+            else None
+        tick.call(sql.RECORD_PREFLIGHT, (job_id, outcome, warnings, cost),
+                  f"pre-flight {job_id}")
+        tick.preflight_checked += report.answered
