@@ -114,6 +114,27 @@ def test_every_tool_and_error_code_the_skill_names_exists() -> None:
         assert f"| `{code}` |" in errors or code in MCP_CODES, code
 
 
+def test_the_error_table_has_the_payload_check_and_the_text_agrees_with_it() -> None:
+    text = texts()["SKILL.md"]
+    section = text[text.index("## Errors you will meet"):]
+    assert re.search(r"^\| `invalid_fireworks_payload` \| 400 \|", section, re.M)
+    # The queue checks the payload's shape (preflight/shape.py): the skill must not say it
+    # does not, anywhere.
+    for name, body in texts().items():
+        flat = " ".join(body.split())
+        assert "does not check Fireworks' field names" not in flat, name
+        assert "passed through as it is and fails at Fireworks" not in flat, name
+
+
+def test_the_exit_codes_the_skill_lists_are_the_clis() -> None:
+    from sftq_client.cli._common import EXIT_CODES
+
+    flat = " ".join(texts()["SKILL.md"].split())
+    listed = flat[flat.index("Exit codes:"):].split(".", 1)[0]
+    codes = {int(n) for n in re.findall(r"(?:^|, |: )(\d+) ", listed)}
+    assert codes == set(EXIT_CODES), (sorted(codes), sorted(EXIT_CODES))
+
+
 def test_the_packaged_copy_is_the_skill() -> None:
     repo = {str(p.relative_to(SKILL)): p.read_bytes() for p in SKILL.rglob("*") if p.is_file()}
     packaged = {str(p.relative_to(PACKAGED)): p.read_bytes()

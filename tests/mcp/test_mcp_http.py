@@ -428,3 +428,50 @@ def test_functions_framework_serves_the_entry_point(monkeypatch: Any) -> None:
                 await module._app.get().aclose()
 
     anyio.run(main)
+
+
+def test_what_the_tools_and_the_skill_say_is_what_they_do(stack: Any) -> None:
+    """cancel_job's description and SKILL.md say a PROGRESS job is cancelled at once with
+    pending=false; submit_job takes a kind in any case, as HTTP and the CLI; an SFT body sent as
+    DPO comes back with a warning for each field the DPO schema lacks (references/dpo.md)."""
+    from mcp_support import ROOT
+
+    skill = " ".join((ROOT / "skills" / "finetune-queue" / "SKILL.md").read_text().split())
+    dpo = " ".join((ROOT / "skills" / "finetune-queue" / "references" / "dpo.md")
+                   .read_text().split())
+    user = stack.user(f"mcp-claims-{uuid.uuid4().hex[:8]}")
+    sft_body = json.loads((ROOT / "examples" / "sft.json").read_text())
+
+    async def main() -> None:
+        async with http_session(stack, user) as session:
+            tools = {t.name: t for t in (await session.list_tools()).tools}
+            cancel = " ".join((tools["cancel_job"].description or "").split())
+            assert "QUEUED or PROGRESS: cancelled at once" in cancel and "pending=false" in cancel
+            assert "cancelled at once" in (tools["cancel_job"].description or "")
+            assert "is immediate on QUEUED and on PROGRESS" in skill
+            assert "`state: CANCELLED`, `pending: false`" in skill
+
+            # Any case, as POST /jobs and `sftq submit --kind sft`.
+            job = ok(await session.call_tool("submit_job", {
+                "kind": "sft", "fireworks_payload": PAYLOAD, "display_name": "claims",
+                "gpu_count": 1, "idempotency_key": str(uuid.uuid4())}))
+            assert job["kind"] == "SFT" and job["state"] == "QUEUED"
+            listed = ok(await session.call_tool("list_jobs", {"kind": "sft", "state": "queued"}))
+            assert job["id"] in {j["id"] for j in listed["jobs"]}
+            for _ in range(5):
+                stack.tick()
+                if stack.job(job["id"], user)["state"] == "PROGRESS":
+                    break
+            assert stack.job(job["id"], user)["state"] == "PROGRESS"
+            cancelled = ok(await session.call_tool("cancel_job", {"job_id": job["id"]}))
+            assert cancelled["state"] == "CANCELLED" and cancelled["pending"] is False, cancelled
+
+    anyio.run(main)
+    # An SFT body as DPO: valid to the queue's shape check, with one warning per flat training
+    # field (the suite runs with the pre-flight off on POST /jobs; :validate always checks).
+    r = stack.http.post(f"{stack.api}/jobs:validate", headers=stack.auth(user),
+                        json={"kind": "DPO", "fireworks_payload": sft_body})
+    assert r.status_code == 200 and r.json()["valid"] is True, r.text
+    warned = {w["path"] for w in r.json()["warnings"]}
+    assert {"fireworks_payload.baseModel", "fireworks_payload.learningRate"} <= warned
+    assert "one warning per field that is not in the DPO schema" in dpo
