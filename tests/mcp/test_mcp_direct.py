@@ -181,18 +181,28 @@ def test_the_direct_answers_are_the_tools_answers() -> None:
     anyio.run(main)
 
 
-def test_an_initialize_whose_key_check_cannot_be_made_is_let_through() -> None:
-    """Only a refused key stops an initialize; jobs-api answering oddly does not crash it."""
+def test_the_key_check_takes_an_odd_answer_and_refuses_when_jobs_api_is_down() -> None:
+    """jobs-api answering 200 oddly has taken the key: the initialize is answered. jobs-api not
+    answering at all decides nothing: 503, never an answer for an unchecked key."""
 
     def odd(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"not": "a list"})
 
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
     async def main() -> None:
         app = http_mcp.McpHttpApp("http://jobs.test/v1", transport=httpx.MockTransport(odd))
+        unreachable = http_mcp.McpHttpApp("http://jobs.test/v1",
+                                          transport=httpx.MockTransport(down))
         try:
             status, _, answer = await post(app, INITIALIZE, {})
             assert status == 200 and answer["result"]["serverInfo"]["name"] == "finetune-queue"
+            for body in (INITIALIZE, rpc("tools/list"), rpc("ping")):
+                status, _, answer = await post(unreachable, body, {})
+                assert status == 503 and answer["code"] == "unavailable", answer
         finally:
             await app.aclose()
+            await unreachable.aclose()
 
     anyio.run(main)
