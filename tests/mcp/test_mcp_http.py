@@ -218,10 +218,11 @@ def test_host_and_origin_are_checked(stack: Any) -> None:
         # own, or posting from its own origin.
         r = http.post(mcp_url(stack), json=listing,
                       headers=ACCEPT | stack.auth() | {"Host": "evil.example"})
-        assert r.status_code == 421, r.text
+        assert r.status_code == 421 and r.json()["code"] == "host_not_allowed", r.text
+        assert "SFTQ_MCP_ALLOWED_HOSTS" in r.json()["error"]
         r = http.post(mcp_url(stack), json=listing,
                       headers=ACCEPT | stack.auth() | {"Origin": "http://evil.example"})
-        assert r.status_code == 403, r.text
+        assert r.status_code == 403 and r.json()["code"] == "origin_not_allowed", r.text
         r = http.post(mcp_url(stack), json=listing,
                       headers=ACCEPT | stack.auth() | {"Origin": f"http://localhost:{port}"})
         assert r.status_code == 200, r.text

@@ -272,9 +272,18 @@ class McpHttpApp:
         answer. Nothing is decided from the raw text."""
         from starlette.requests import Request
 
-        refusal = await self._security.validate_request(Request(scope), is_post=False)
-        if refusal is not None:  # 421 for a Host, 403 for an Origin not allowed
-            await refusal(scope, receive, send)
+        request = Request(scope)
+        refusal = await self._security.validate_request(request, is_post=False)
+        if refusal is not None:  # the package's plain-text 421 (Host) or 403 (Origin)
+            if refusal.status_code == 421:
+                await _answer(send, 421, f"this MCP endpoint does not answer the host "
+                              f"{request.headers.get('host', '')[:100]!r}: call it by a name "
+                              "in the server's SFTQ_MCP_ALLOWED_HOSTS", "host_not_allowed")
+            else:
+                await _answer(send, refusal.status_code, f"requests from the origin "
+                              f"{request.headers.get('origin', '')[:100]!r} are refused: only "
+                              "pages of the hosts in SFTQ_MCP_ALLOWED_HOSTS may call this "
+                              "endpoint", "origin_not_allowed")
             return None
         if key is None:
             await _answer(send, 401, "missing or malformed API key: send Authorization: "
