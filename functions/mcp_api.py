@@ -40,7 +40,10 @@ def _build() -> McpHttpApp:
     from sftq_server.http.mcp import McpHttpApp
 
     logs.configure()
-    return McpHttpApp(jobs_api_url(), max_body_bytes=Settings.from_env().max_body_bytes)
+    settings = Settings.from_env()
+    return McpHttpApp(jobs_api_url(), max_body_bytes=settings.max_body_bytes,
+                      allowed_hosts=settings.mcp_allowed_hosts,
+                      public_url=os.environ.get("SUPABASE_URL", ""))
 
 
 _app = Lazy(_build)

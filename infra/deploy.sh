@@ -88,6 +88,7 @@ Settings (environment variables):
     SFTQ_METRICS_TOKEN (jobs-api's GET /metrics bearer; docs/operations.md, Metrics)
     SFTQ_STREAM_HEARTBEAT_SECONDS
     SFTQ_STREAM_MAX_SECONDS (below jobs-stream's 3600 s request timeout) SFTQ_STREAM_POLL_MS
+    SFTQ_MCP_ALLOWED_HOSTS (the Host values the MCP endpoint answers; docs/agents.md)
   SFTQ_SECRET_PREFIX        Secret Manager names are PREFIX + short name (default sftq-)
   SFTQ_BUILD_DIR            where functions are staged (default: a new temporary folder)
   SFTQ_FUNCTIONS_DIR        the functions' source (default functions)
@@ -618,7 +619,7 @@ function_env() {
             SFTQ_QUEUE_TIMEOUT_SECONDS SFTQ_USAGE_GRACE_SECONDS SFTQ_TICK_INTERVAL_SECONDS \
             SFTQ_CAPACITY_SHOW_USERS SFTQ_WEBHOOKS_ALLOW_PRIVATE SFTQ_GROUP_COMMIT_MAX \
             SFTQ_GROUP_COMMIT_LINGER_MS SFTQ_GATEWAY_THREADS SFTQ_METRICS_TOKEN SFTQ_PREFLIGHT \
-            SFTQ_PREFLIGHT_BUDGET_MS FIREWORKS_RPM ;;
+            SFTQ_PREFLIGHT_BUDGET_MS FIREWORKS_RPM SFTQ_MCP_ALLOWED_HOSTS ;;
         analytics) echo SFTQ_DB_POOL_MAX SFTQ_DB_TIMEOUT_SECONDS \
             SFTQ_USAGE_GRACE_SECONDS SFTQ_TICK_INTERVAL_SECONDS ;;
         scheduler-tick) echo FIREWORKS_ACCOUNT_ID FIREWORKS_BASE_URL FIREWORKS_QUOTA_ID FIREWORKS_TIMEOUT \

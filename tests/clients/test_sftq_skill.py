@@ -114,6 +114,27 @@ def test_every_tool_and_error_code_the_skill_names_exists() -> None:
         assert f"| `{code}` |" in errors or code in MCP_CODES, code
 
 
+def test_the_error_table_has_the_payload_check_and_the_text_agrees_with_it() -> None:
+    text = texts()["SKILL.md"]
+    section = text[text.index("## Errors you will meet"):]
+    assert re.search(r"^\| `invalid_fireworks_payload` \| 400 \|", section, re.M)
+    # The queue checks the payload's shape (preflight/shape.py): the skill must not say it
+    # does not, anywhere.
+    for name, body in texts().items():
+        flat = " ".join(body.split())
+        assert "does not check Fireworks' field names" not in flat, name
+        assert "passed through as it is and fails at Fireworks" not in flat, name
+
+
+def test_the_exit_codes_the_skill_lists_are_the_clis() -> None:
+    from sftq_client.cli._common import EXIT_CODES
+
+    flat = " ".join(texts()["SKILL.md"].split())
+    listed = flat[flat.index("Exit codes:"):].split(".", 1)[0]
+    codes = {int(n) for n in re.findall(r"(?:^|, |: )(\d+) ", listed)}
+    assert codes == set(EXIT_CODES), (sorted(codes), sorted(EXIT_CODES))
+
+
 def test_the_packaged_copy_is_the_skill() -> None:
     repo = {str(p.relative_to(SKILL)): p.read_bytes() for p in SKILL.rglob("*") if p.is_file()}
     packaged = {str(p.relative_to(PACKAGED)): p.read_bytes()
@@ -138,3 +159,70 @@ def test_skill_install_writes_it(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert (target / "SKILL.md").read_text() == "edited"
     assert main(["skill", "install", str(tmp_path), "--force"]) == 0
     assert (target / "SKILL.md").read_bytes() == skill_files()["SKILL.md"]
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_skill_install_never_writes_through_a_symlink(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], force: bool) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.md"
+    victim.write_text("not yours")
+    flag = ["--force"] if force else []
+    # A link as SKILL.md, as the references folder, and as the skill folder itself.
+    cases = {
+        "SKILL.md": lambda target: (target / "SKILL.md").symlink_to(victim),
+        "references": lambda target: (target / "references").symlink_to(outside),
+        "finetune-queue": lambda target: target.symlink_to(outside),
+    }
+    for name, make in cases.items():
+        skills = tmp_path / f"skills-{name}"
+        skills.mkdir()
+        target = skills / "finetune-queue"
+        if name != "finetune-queue":
+            target.mkdir()
+        make(target)
+        assert main(["skill", "install", str(skills), *flag]) == 5, name
+        assert "symbolic link" in capsys.readouterr().err
+        assert victim.read_text() == "not yours", name
+        assert sorted(p.name for p in outside.iterdir()) == ["victim.md"], name
+        # Nothing was written anywhere, not even the files that are not behind the link.
+        assert not [p for p in skills.rglob("*") if p.is_file() and not p.is_symlink()
+                    and outside not in p.resolve().parents], name
+
+
+def test_skill_install_writes_each_file_atomically(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from sftq_client.cli import skill
+
+    renames: list[tuple[Path, Path]] = []
+    real_replace = os.replace
+
+    def replace(src: str, dst: str) -> None:
+        # At the rename the new content is complete in the temporary file beside the target.
+        source, destination = Path(src), Path(dst)
+        name = str(destination.relative_to(tmp_path / "finetune-queue"))
+        assert source.parent == destination.parent and source.read_bytes() == skill_files()[name]
+        renames.append((source, destination))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(skill.os, "replace", replace)
+    assert main(["skill", "install", str(tmp_path)]) == 0
+    assert sorted(str(d.relative_to(tmp_path / "finetune-queue")) for _, d in renames) == \
+        sorted(skill_files())
+    # No temporary file is left behind, and a failed rename leaves the old file whole.
+    assert sorted(str(p.relative_to(tmp_path / "finetune-queue"))
+                  for p in (tmp_path / "finetune-queue").rglob("*") if p.is_file()) == \
+        sorted(skill_files())
+    (tmp_path / "finetune-queue" / "SKILL.md").write_text("edited")
+
+    def failing(src: str, dst: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(skill.os, "replace", failing)
+    with pytest.raises(OSError):
+        skill.install(tmp_path, force=True)
+    assert (tmp_path / "finetune-queue" / "SKILL.md").read_text() == "edited"
+    assert not list((tmp_path / "finetune-queue").rglob("*.tmp"))

@@ -177,6 +177,8 @@ def test_hostile_inputs_are_tool_errors(stack: Any) -> None:
                  "invalid_arguments"),
                 ("submit_job", {"kind": "SFT", "fireworks_payload": {"blob": "x" * 1_200_000}},
                  "payload_too_large"),
+                ("submit_job", {"kind": "SFT", "fireworks_payload": {"blob": "x" * 2_000_000}},
+                 "payload_too_large"),  # as over HTTP (test_mcp_http.py)
                 ("list_jobs", {"limit": 10_000}, "invalid_arguments"),
                 ("wait_for_job", {"job_id": str(uuid.uuid4()), "timeout_seconds": 1e9},
                  "invalid_arguments"),

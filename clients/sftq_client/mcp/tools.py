@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from .._client import AsyncClient
 from ..errors import (
@@ -57,6 +57,28 @@ JobId = Annotated[str, Field(min_length=1, max_length=64, description=(
     "the job's id (a UUID as submit_job or list_jobs gave it), or its first 8 or more "
     "characters"))]
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")]
+
+
+def _upper_ascii(value: object) -> object:
+    """Kinds and states in any case, as the HTTP API and the CLI take them ("sft" is SFT).
+    ASCII only, as the API: str.upper() would also make "S" of U+017F (long s)."""
+    return value.upper() if isinstance(value, str) and value.isascii() else value
+
+
+def _any_case(*words: str) -> str:
+    """A JSON Schema pattern matching each word in any case (JSON Schema has no (?i))."""
+    return "^(" + "|".join("".join(f"[{c.upper()}{c.lower()}]" for c in w) for w in words) + ")$"
+
+
+KindArg = Annotated[
+    Literal["SFT", "DPO", "RFT"], BeforeValidator(_upper_ascii),
+    WithJsonSchema({"type": "string", "pattern": _any_case("SFT", "DPO", "RFT"),
+                    "description": "SFT, DPO or RFT, in any case (sft is SFT)"})]
+StateArg = Annotated[
+    Literal["QUEUED", "PROGRESS", "SUCCESS", "FAIL", "CANCELLED"], BeforeValidator(_upper_ascii),
+    WithJsonSchema({"type": "string",
+                    "pattern": _any_case("QUEUED", "PROGRESS", "SUCCESS", "FAIL", "CANCELLED"),
+                    "description": "QUEUED, PROGRESS, SUCCESS, FAIL or CANCELLED, in any case"})]
 # Wait at most this long in one call; an agent that wants longer calls again.
 MAX_WAIT_SECONDS: Final = 3600.0
 
@@ -94,8 +116,9 @@ class _Input(BaseModel):
 
 
 class SubmitJobInput(_Input):
-    kind: Literal["SFT", "DPO", "RFT"] = Field(description=(
-        "SFT (supervisedFineTuningJobs), DPO (dpoJobs) or RFT (reinforcementFineTuningJobs)"))
+    kind: KindArg = Field(description=(
+        "SFT (supervisedFineTuningJobs), DPO (dpoJobs) or RFT (reinforcementFineTuningJobs), "
+        "in any case"))
     fireworks_payload: dict[str, Any] = Field(description=(
         "the exact Fireworks request body you would have sent to Fireworks for this kind; "
         "the queue passes it through at admission"))
@@ -108,8 +131,8 @@ class SubmitJobInput(_Input):
 
 
 class ListJobsInput(_Input):
-    state: Literal["QUEUED", "PROGRESS", "SUCCESS", "FAIL", "CANCELLED"] | None = None
-    kind: Literal["SFT", "DPO", "RFT"] | None = None
+    state: StateArg | None = None
+    kind: KindArg | None = None
     limit: int = Field(default=20, ge=1, le=100, strict=True)
     cursor: str | None = Field(default=None, max_length=512, description=(
         "next_cursor of the previous page, to read older jobs"))
@@ -301,9 +324,12 @@ TOOLS: Final[tuple[Tool, ...]] = (
          "Fireworks job name once submitted, error and failure_class for a FAIL." + _JOB_ID_NOTE,
          JobIdInput, Job, _get),
     Tool("cancel_job", "Cancel a job",
-         "Cancel one of your jobs. QUEUED: cancelled at once. PROGRESS: the cancel is recorded "
-         "(pending=true) and the scheduler cancels it at Fireworks at its next tick. A finished "
-         "job answers the error job_terminal." + _JOB_ID_NOTE,
+         "Cancel one of your jobs. QUEUED or PROGRESS: cancelled at once (the queue stops a "
+         "running job at Fireworks during the call) and answered CANCELLED with "
+         "pending=false. Only when Fireworks cannot be reached, or the job is being submitted "
+         "at that very moment, is the answer pending=true: the cancel is recorded and the "
+         "scheduler finishes it at its next tick. A finished job answers the error "
+         "job_terminal." + _JOB_ID_NOTE,
          JobIdInput, CancelResult, _cancel, read_only=False),
     Tool("retry_job", "Retry a failed or cancelled job",
          "Enqueue a FAIL or CANCELLED job again as a new job (same kind, payload, name and "

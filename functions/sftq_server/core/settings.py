@@ -134,6 +134,10 @@ class Settings:
     preflight_budget_ms: float = 2000.0
     # The tick checks at most this many waiting jobs a tick, the nearest the head first.
     preflight_tick_limit: int = 20
+    # The Host values the MCP endpoint answers (SFTQ_MCP_ALLOWED_HOSTS, comma-separated
+    # `host`, `host:port` or `host:*`; `*` turns the check off); empty: the loopback hosts on
+    # any port and SUPABASE_URL's host (sftq_server.http.mcp.transport_security).
+    mcp_allowed_hosts: str = ""
     stream: StreamSettings = field(default_factory=StreamSettings)
 
     @property
@@ -175,6 +179,7 @@ class Settings:
             preflight=_bool("SFTQ_PREFLIGHT", True),
             preflight_budget_ms=_float("SFTQ_PREFLIGHT_BUDGET_MS", 2000.0),
             preflight_tick_limit=_int("SFTQ_PREFLIGHT_TICK_LIMIT", 20),
+            mcp_allowed_hosts=os.environ.get("SFTQ_MCP_ALLOWED_HOSTS", ""),
             stream=StreamSettings.from_env(),
         )
 

@@ -30,21 +30,58 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import httpx
+import pydantic_core
 
 from sftq_server.http.web import StartResponse, WSGIApp, simple_app, status_line
 
 logger = logging.getLogger("sftq.mcp")
 access_log = logging.getLogger("sftq.access")
 
-# Room for the JSON-RPC envelope around the largest body jobs-api takes, so an over-large
-# fireworks_payload reaches jobs-api and comes back as its payload_too_large tool error.
+# Room for the JSON-RPC envelope around the largest body jobs-api takes.
 ENVELOPE_BYTES: Final = 64 * 1024
+# The largest request read is this many times jobs-api's limit: a call whose
+# fireworks_payload is over jobs-api's limit (but under this) still reaches the tool, and
+# comes back as jobs-api's payload_too_large tool error that a client shows (a bare HTTP 413
+# is only "Server returned an error response" to the official client). Past it, the request
+# is refused unread with HTTP 413.
+OVERSIZE_FACTOR: Final = 8
+# A key jobs-api accepted is taken as accepted this long for the requests that do not call
+# jobs-api themselves (initialize, tools/list, ping...): every tool call is checked by
+# jobs-api again, so a revoked key fails there at once.
+KEY_TTL_SECONDS: Final = 30.0
+# The hosts the endpoint answers when SFTQ_MCP_ALLOWED_HOSTS is not set (any port), besides
+# the host of SUPABASE_URL: a page on another site cannot reach a local server through DNS
+# rebinding (the mcp package's transport security).
+LOOPBACK_HOSTS: Final = ("127.0.0.1", "localhost", "[::1]")
 _BEARER_RE: Final = re.compile(r"Bearer\s+(sftq_[A-Za-z0-9_\-]{1,200})\s*", re.IGNORECASE)
 # Clients kept, one per recent key (each holds only its settings: the pool is shared).
 CLIENT_CACHE: Final = 256
 _JSON: Final = [(b"content-type", b"application/json")]
+
+
+def transport_security(allowed_hosts: str = "", public_url: str = "") -> Any:
+    """The mcp package's Host/Origin check (its DNS rebinding protection) for the hosts in
+    `allowed_hosts` (SFTQ_MCP_ALLOWED_HOSTS: comma-separated `host`, `host:port` or `host:*`;
+    `*` turns the check off); empty: the loopback hosts and `public_url`'s host. Origins are
+    the same hosts over http and https (a request without an Origin, as every non-browser
+    client sends, passes)."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    value = allowed_hosts.strip()
+    if value == "*":
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    hosts = [h.strip() for h in value.split(",") if h.strip()]
+    if not hosts:
+        hosts = [h for host in LOOPBACK_HOSTS for h in (host, f"{host}:*")]
+        public = urlsplit(public_url.strip()).netloc.rpartition("@")[2]
+        if public:
+            hosts.append(public)
+    origins = [f"{scheme}://{host}" for host in hosts for scheme in ("http", "https")]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True,
+                                     allowed_hosts=hosts, allowed_origins=origins)
 
 
 def bearer_key(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
@@ -98,14 +135,22 @@ class McpHttpApp:
     """The ASGI application of ``/functions/v1/mcp``."""
 
     def __init__(self, jobs_api_url: str, *, transport: httpx.AsyncBaseTransport | None = None,
-                 max_body_bytes: int = 1_048_576, direct: bool = True) -> None:
+                 max_body_bytes: int = 1_048_576, direct: bool = True,
+                 allowed_hosts: str = "", public_url: str = "") -> None:
+        from mcp.server.transport_security import TransportSecurityMiddleware
+
         self.jobs_api_url = jobs_api_url.rstrip("/")
         self.direct = direct
         self._dispatch: DirectDispatch | None = None
         self._transport = _SharedTransport(transport or httpx.AsyncHTTPTransport())
-        self.max_body_bytes = max_body_bytes + ENVELOPE_BYTES
+        # The largest request read (see OVERSIZE_FACTOR); jobs-api refuses what is over its
+        # own limit, as a tool error.
+        self.max_body_bytes = max_body_bytes * OVERSIZE_FACTOR + ENVELOPE_BYTES
+        self.security = transport_security(allowed_hosts, public_url)
+        self._security = TransportSecurityMiddleware(self.security)
         self._managers: tuple[Any, ...] = ()
         self._clients: dict[str, Any] = {}
+        self._accepted: dict[str, float] = {}  # key -> until when it is taken as accepted
         self._ready: asyncio.Future[None] | None = None
         self._stop: asyncio.Event | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -155,7 +200,8 @@ class McpHttpApp:
             # overhead).
             self._managers = tuple(
                 StreamableHTTPSessionManager(app=server, stateless=True, json_response=plain,
-                                             max_request_body_size=self.max_body_bytes)
+                                             max_request_body_size=self.max_body_bytes,
+                                             security_settings=self.security)
                 for plain in (False, True))
             self._dispatch = DirectDispatch(server) if self.direct else None
             loop = asyncio.get_running_loop()
@@ -217,43 +263,100 @@ class McpHttpApp:
                     "user": key[:13] if key else None}))
 
     async def _serve(self, scope: Any, receive: Any, send: Any, key: str | None) -> str | None:
-        """Answer one request; the JSON-RPC method it carried, for the access log."""
+        """Answer one request; the JSON-RPC method it carried, for the access log.
+
+        In this order, for every request whatever it carries: the Host and Origin check, the
+        key (jobs-api must accept it, else 401), the HTTP method (only POST: the stateless
+        endpoint pushes nothing on a GET stream), the size, the JSON parse (a parse error,
+        deep nesting included, is JSON-RPC's -32700), then the transport or the direct
+        answer. Nothing is decided from the raw text."""
+        from starlette.requests import Request
+
+        request = Request(scope)
+        refusal = await self._security.validate_request(request, is_post=False)
+        if refusal is not None:  # the package's plain-text 421 (Host) or 403 (Origin)
+            if refusal.status_code == 421:
+                await _answer(send, 421, f"this MCP endpoint does not answer the host "
+                              f"{request.headers.get('host', '')[:100]!r}: call it by a name "
+                              "in the server's SFTQ_MCP_ALLOWED_HOSTS", "host_not_allowed")
+            else:
+                await _answer(send, refusal.status_code, f"requests from the origin "
+                              f"{request.headers.get('origin', '')[:100]!r} are refused: only "
+                              "pages of the hosts in SFTQ_MCP_ALLOWED_HOSTS may call this "
+                              "endpoint", "origin_not_allowed")
+            return None
         if key is None:
             await _answer(send, 401, "missing or malformed API key: send Authorization: "
                           "Bearer sftq_...", "unauthorized",
                           [(b"www-authenticate", b'Bearer realm="finetune-queue"')])
+            return None
+        accepted = await self._key_accepted(key)
+        if accepted is None:
+            await _answer(send, 503, "could not check the API key: jobs-api did not answer; "
+                          "try again shortly", "unavailable", [(b"retry-after", b"5")])
+            return None
+        if not accepted:
+            await _answer(send, 401, "the API key was not accepted (unknown, revoked, or its "
+                          "user is disabled)", "unauthorized",
+                          [(b"www-authenticate", b'Bearer realm="finetune-queue"')])
+            return None
+        if scope.get("method") != "POST":
+            await _answer(send, 405, "this endpoint is stateless and sends nothing on a GET "
+                          "stream: send each JSON-RPC message as a POST", "method_not_allowed",
+                          [(b"allow", b"POST")])
             return None
         body, receive = await _buffered(receive, self.max_body_bytes)
         if body is None:
             await _answer(send, 413, f"request body over {self.max_body_bytes} bytes",
                           "payload_too_large")
             return None
-        rpc = _rpc_method(body)
-        if rpc == "initialize" and not await self._key_accepted(key):
-            await _answer(send, 401, "the API key was not accepted (unknown, revoked, or its "
-                          "user is disabled)", "unauthorized",
-                          [(b"www-authenticate", b'Bearer realm="finetune-queue"')])
-            return rpc
+        try:
+            message = pydantic_core.from_json(body)
+        except ValueError as exc:  # not JSON, or nested past the parser's recursion limit
+            await _parse_error(send, str(exc))
+            return None
+        rpc = _rpc_method(message)
         streaming, plain = await self._start()
-        if b'"progressToken"' in body:
+        if _wants_progress(message):
             await streaming.handle_request(scope, receive, send)
-        elif self._dispatch is None or not await self._dispatch.answer(scope, body, send):
+        elif self._dispatch is None or not await self._dispatch.answer(scope, message, send):
             await plain.handle_request(scope, receive, send)
         return rpc
 
-    async def _key_accepted(self, key: str) -> bool:
-        """False only when jobs-api refused the key. Any other failure (jobs-api down, an odd
-        answer) lets the initialize through: every later call is checked by jobs-api again,
-        and fails there as a tool error that says what happened."""
-        from sftq_client import SftqError, Unauthorized
+    async def _key_accepted(self, key: str) -> bool | None:
+        """Whether jobs-api accepts the key (a cached yes for KEY_TTL_SECONDS); None when
+        jobs-api could not be asked (down, or failing): the request is not answered then."""
+        from sftq_client import (
+            APIConnectionError,
+            AsyncClient,
+            ServerError,
+            SftqError,
+            Unauthorized,
+        )
 
+        now = time.monotonic()
+        if self._accepted.get(key, 0.0) > now:
+            return True
+        checker = AsyncClient(api_key=key, base_url=self.jobs_api_url,
+                              transport=self._transport, max_retries=0, timeout=10)
         try:
-            await self.client(key).list_jobs(limit=1)
+            await checker.list_jobs(limit=1)
         except Unauthorized:
+            self._accepted.pop(key, None)
             self._clients.pop(key, None)
             return False
-        except SftqError as exc:
-            logger.warning("could not check the key at initialize: %s", exc)
+        except (APIConnectionError, ServerError) as exc:
+            logger.warning("could not check an API key: %s", exc)
+            return None
+        except SftqError as exc:  # jobs-api answered, and not 401/403: the key was taken
+            logger.warning("odd answer while checking an API key: %s", exc)
+        finally:
+            await checker.aclose()
+        if len(self._accepted) >= CLIENT_CACHE:
+            for old in [k for k, until in self._accepted.items() if until <= now] or [
+                    next(iter(self._accepted))]:
+                self._accepted.pop(old, None)
+        self._accepted[key] = now + KEY_TTL_SECONDS
         return True
 
 
@@ -308,13 +411,14 @@ class DirectDispatch:
         return (version.decode("latin-1") if version is not None
                 else self.default_version) in self.versions
 
-    async def answer(self, scope: Any, body: bytes, send: Any) -> bool:
-        """Answer the request and say True, or say False and send nothing."""
+    async def answer(self, scope: Any, parsed: Any, send: Any) -> bool:
+        """Answer the request (its body already parsed as JSON) and say True, or say False
+        and send nothing."""
         types = self.types
         if not self._headers_pass(scope):
             return False
         try:
-            message = types.JSONRPCMessage.model_validate(json.loads(body))
+            message = types.JSONRPCMessage.model_validate(parsed)
             root = message.root
             if not isinstance(root, types.JSONRPCRequest) or root.method == "initialize":
                 return False
@@ -351,16 +455,27 @@ class DirectDispatch:
         return True
 
 
-_METHOD_RE: Final = re.compile(rb'"method"\s*:\s*"([a-zA-Z/_]{1,64})"')
+def _rpc_method(message: Any) -> str | None:
+    """The JSON-RPC method of a parsed message, for the access log."""
+    method = message.get("method") if isinstance(message, dict) else None
+    return method[:64] if isinstance(method, str) else None
 
 
-def _rpc_method(body: bytes) -> str | None:
-    """The JSON-RPC method of a request body, for the log and the key check (the transport
-    parses it for real). The first "method" key of a JSON-RPC request is its own: params come
-    after it in every client we know of, and a crafted order only skips the early key check,
-    never the per-call one of jobs-api."""
-    match = _METHOD_RE.search(body, 0, 4096)
-    return match.group(1).decode() if match else None
+def _wants_progress(message: Any) -> bool:
+    """A request that carries a progress token (params._meta.progressToken): answered as an
+    SSE stream that carries its progress notifications before the result."""
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return isinstance(meta, dict) and meta.get("progressToken") is not None
+
+
+async def _parse_error(send: Any, detail: str) -> None:
+    """JSON-RPC's parse error, as the package's transport answers one (HTTP 400)."""
+    body = json.dumps({"jsonrpc": "2.0", "id": "server-error", "error": {
+        "code": -32700, "message": f"Parse error: {detail[:200]}"}}).encode()
+    await send({"type": "http.response.start", "status": 400,
+                "headers": [*_JSON, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _buffered(receive: Any, limit: int) -> tuple[bytes | None, Any]:
@@ -583,7 +698,8 @@ def _scope(environ: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def make_wsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int) -> WSGIApp:
+def make_wsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int, *,
+                  allowed_hosts: str = "") -> WSGIApp:
     """The MCP endpoint for the WSGI gateway, calling the gateway's own jobs-api in-process;
     503 when the mcp package is not installed."""
     try:
@@ -593,7 +709,8 @@ def make_wsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int) -> 
         return simple_app(503, "the MCP endpoint needs the mcp extra on the server",
                           "unavailable", [("Retry-After", "30")])
     app = McpHttpApp(f"http://sftq.internal{jobs_api_path}",
-                     transport=InProcessTransport(gateway), max_body_bytes=max_body_bytes)
+                     transport=InProcessTransport(gateway), max_body_bytes=max_body_bytes,
+                     allowed_hosts=allowed_hosts)
     return WsgiMcp(app)
 
 
@@ -673,7 +790,8 @@ class RsgiMcp:
         await self.app(asgi_scope, receive, send)
 
 
-def make_rsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int) -> Any:
+def make_rsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int, *,
+                  allowed_hosts: str = "") -> Any:
     """The MCP endpoint for the RSGI gateway; None when the mcp package is not installed
     (the WSGI gateway's route then answers 503)."""
     try:
@@ -682,4 +800,4 @@ def make_rsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int) -> 
         return None
     return RsgiMcp(McpHttpApp(f"http://sftq.internal{jobs_api_path}",
                               transport=InProcessTransport(gateway),
-                              max_body_bytes=max_body_bytes))
+                              max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts))
