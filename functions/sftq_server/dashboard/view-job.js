@@ -75,9 +75,9 @@ export function mount(ctx) {
       h("h2", {id: "ev-h"}, "Timeline"), timeline, moreButton),
     h("section", {"aria-labelledby": "pl-h", class: "card"},
       h("h2", {id: "pl-h"}, "Payload"),
-      h("p", {class: "muted"}, "The body sent to Fireworks, as stored. Values of keys that look ",
-        "like secrets (apiKey, token, password, secret) are replaced by [REDACTED] before they ",
-        "leave the database."),
+      h("p", {class: "muted"}, "The body sent to Fireworks, as stored. Values of keys that name ",
+        "a secret (API keys, access tokens, passwords, secrets, credentials) are replaced by ",
+        "[REDACTED] before they leave the database; token counts such as maxOutputTokens are shown."),
       payload));
 
   function drawRecord() {
