@@ -208,7 +208,7 @@ export function progressBar(percent, label) {
   const bar = h("progress", {max: "100", "aria-label": label});
   if (value !== null) bar.value = value;
   return h("span", {class: "progress"}, bar,
-    h("span", {class: "progress-text"}, value === null ? "…" : `${Math.round(value)}%`));
+    h("span", {class: "progress-text"}, value === null ? "not reported yet" : `${Math.round(value)}%`));
 }
 
 /** A random Idempotency-Key (crypto.randomUUID needs a secure context; this does not). */
