@@ -8,7 +8,6 @@ another origin; screenshots at 375 and 1440 px kept as artifacts."""
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path

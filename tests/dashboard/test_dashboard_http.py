@@ -247,7 +247,8 @@ def test_payload_route_redacts_and_is_owner_scoped(client: Client, q: Q,
 def test_payload_route_shows_token_counts(client: Client, users: dict[str, str]) -> None:
     """maxOutputTokens is a count, not a secret: the RFT example reads as Fireworks received it."""
     alice = Api(client, users["alice"])
-    example = json.loads((Path(__file__).resolve().parents[2] / "examples" / "rft.json").read_text())
+    root = Path(__file__).resolve().parents[2]
+    example = json.loads((root / "examples" / "rft.json").read_text())
     example["wandbConfig"] = {"apiKey": SECRETS[0]}
     resp = alice.post("/jobs", {"kind": "RFT", "fireworks_payload": example})
     assert resp.status_code == 201, resp.get_data(as_text=True)
