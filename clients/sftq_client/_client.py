@@ -256,9 +256,10 @@ class Client:
     def job_analytics(self, job_id: str) -> JobAnalytics:
         return self._send(self._core.job_analytics(job_id))
 
-    def iter_events(self, job_id: str, *, page_size: int = 100) -> Iterator[Event]:
-        """A job's history, oldest first, fetching pages lazily as the iterator advances."""
-        after: str | None = None
+    def iter_events(self, job_id: str, *, page_size: int = 100,
+                    after: str | None = None) -> Iterator[Event]:
+        """A job's history, oldest first, fetching pages lazily as the iterator advances;
+        with ``after`` (an event's id), only the events that follow it."""
         seen: set[str] = set()
         while True:
             page = self._send(self._core.events_page(job_id, limit=page_size, after=after))
@@ -470,8 +471,8 @@ class AsyncClient:
     async def job_analytics(self, job_id: str) -> JobAnalytics:
         return await self._send(self._core.job_analytics(job_id))
 
-    async def iter_events(self, job_id: str, *, page_size: int = 100) -> AsyncIterator[Event]:
-        after: str | None = None
+    async def iter_events(self, job_id: str, *, page_size: int = 100,
+                          after: str | None = None) -> AsyncIterator[Event]:
         seen: set[str] = set()
         while True:
             page = await self._send(self._core.events_page(job_id, limit=page_size, after=after))

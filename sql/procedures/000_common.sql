@@ -41,7 +41,14 @@ AS $$
         WHEN 'object' THEN COALESCE((
             SELECT jsonb_object_agg(
                        e.key,
-                       CASE WHEN lower(e.key) ~ '(apikey|api_key|secret|token|password)'
+                       -- The key folded to lower-case letters and digits (apiKey, api_key and
+                       -- API-KEY read alike). Secret: a name that contains apikey, secret,
+                       -- password, passphrase, credential, privatekey, accesskey or
+                       -- authorization; a name that ends in "token" (token, accessToken,
+                       -- hf_token); or exactly auth, bearer, pat. Not the token counts:
+                       -- maxOutputTokens, maxTokens, tokenizer end otherwise.
+                       CASE WHEN regexp_replace(lower(e.key), '[^a-z0-9]', '', 'g')
+                                 ~ '(apikey|secret|passw|passphrase|credential|privatekey|accesskey|authorization|token$|^auth$|^bearer$|^pat$)'
                             THEN to_jsonb('[REDACTED]'::text)
                             ELSE sftq.redact_secrets(e.value) END)
               FROM jsonb_each(p_value) AS e), '{}'::jsonb)
@@ -52,4 +59,4 @@ AS $$
     END
 $$;
 COMMENT ON FUNCTION sftq.redact_secrets(jsonb) IS
-    'Replaces the value of every key whose name contains apikey, secret, token or password (any case, any depth; covers wandbConfig.apiKey and awsS3Config.credentialsSecret) with "[REDACTED]". It over-redacts count fields such as maxOutputTokens on purpose: a hidden number costs less than a leaked secret.';
+    'Replaces with "[REDACTED]" the value of every key, at any depth, that names a secret: folded to lower-case letters and digits, the name contains apikey, secret, passw, passphrase, credential, privatekey, accesskey or authorization, or ends in token, or is auth, bearer or pat (covers wandbConfig.apiKey, awsS3Config.credentialsSecret, accessToken, hf_token). Token counts such as maxOutputTokens, maxTokens and the tokenizer name are shown as sent.';

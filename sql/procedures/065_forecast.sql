@@ -611,7 +611,8 @@ BEGIN
     END IF;
     v_note := CASE WHEN p_fixed_run IS NOT NULL
                    THEN format('fixed run time of %s per job', sftq._human_seconds(p_fixed_run::numeric))
-                   ELSE 'run times from the provider''s progress or recent similar jobs' END;
+                   ELSE format('run times from the provider''s progress or recent similar jobs, else a default of %s',
+                               sftq._human_seconds(sftq.default_run_seconds()::numeric)) END;
     -- What every extrapolated answer says after its own count of jobs ahead, worded once.
     v_extrapolated := format(' jobs ahead, beyond the %s admissions simulated, at their rate of %s jobs per hour; %s',
                              v_steps, round((v_rate * 3600)::numeric, 1), v_note);

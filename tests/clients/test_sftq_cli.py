@@ -301,6 +301,56 @@ def test_get_shows_failure_class_and_retry_of_when_set(sftq: Run, api: FakeJobsA
     assert code == 0 and "failure_class" not in out and "retry_of" not in out
 
 
+def test_get_shows_warnings_cost_and_the_estimate_with_its_basis(sftq: Run,
+                                                                  api: FakeJobsApi) -> None:
+    """Issue 54 items 6, 9, 16: `sftq get` shows the pre-flight's warnings, the cost in
+    dollars, and for a waiting job why it waits and when it should start, with the basis."""
+    job = api.add_job(
+        "QUEUED",
+        warnings=[{"path": "fireworks_payload.loraRnk", "message": "unknown field 'loraRnk'"},
+                  {"path": "fireworks_payload.x", "message": "unknown field 'x'"}],
+        estimated_cost={"nanos": 166666667, "units": "0", "currencyCode": "USD"})
+    api.analytics_extra[job["id"]] = {
+        "queue_position": 0,
+        "waiting_reason": {"code": "behind_own_running_job", "message": "You have 1 running job"},
+        "estimated_start_at": "2026-05-01T11:00:00Z",
+        "estimate": {"basis": "default run time of 60 minutes: no SFT job on a similar GPU "
+                              "count finished in the last 30 days"}}
+    code, out, _ = sftq("get", job["id"])
+    assert code == 0
+    assert "warnings:            fireworks_payload.loraRnk: unknown field 'loraRnk'\n" \
+           "                     fireworks_payload.x: unknown field 'x'\n" in out
+    assert "estimated_cost:      $0.17 (Fireworks' estimate)\n" in out
+    assert "nanos" not in out
+    assert "waiting_reason:      You have 1 running job\n" in out
+    assert "queue_position:      0 of other users' jobs ahead\n" in out
+    assert ("estimated_start_at:  2026-05-01 11:00:00Z (estimate: assumes a run of 60 minutes: "
+            "no similar job finished lately)\n") in out
+    # A running job: the finish estimate with its basis.
+    running = api.add_job("PROGRESS")
+    api.analytics_extra[running["id"]] = {
+        "provider_state": "JOB_STATE_RUNNING", "progress": {"percent": 40, "epoch": 1},
+        "estimated_finish_at": "2026-05-01T12:00:00Z",
+        "estimate": {"basis": "median run time of 3 SFT jobs on 3-4 GPUs that finished in the "
+                              "last 30 days"}}
+    code, out, _ = sftq("get", running["id"])
+    assert "progress:             40%\n" in out
+    assert "estimated_finish_at:  2026-05-01 12:00:00Z (estimate: median of 3 similar runs)" in out
+
+
+@pytest.mark.parametrize(("money", "text"), [
+    ({"nanos": 166666667, "units": "0", "currencyCode": "USD"}, "$0.17"),
+    ({"units": "12", "nanos": 500000000, "currencyCode": "EUR"}, "12.50 EUR"),
+    ({"units": "0", "nanos": 1000000, "currencyCode": "USD"}, "< $0.01"),
+    ({"units": "3"}, "$3.00"),
+    ({"units": "x"}, "-"),
+])  # fmt: skip
+def test_money_reads_as_money(money: dict[str, Any], text: str) -> None:
+    from sftq_client.cli._common import fmt_money
+
+    assert fmt_money(money) == text
+
+
 def test_get_not_found(sftq: Run) -> None:
     code, out, err = sftq("get", "0f6c1c9e-1a2b-4c3d-8e4f-0123456789ab")
     assert (code, out) == (4, "")
@@ -385,9 +435,32 @@ def test_wait_rejects_a_bad_interval(sftq: Run) -> None:
 # ---- analytics ----------------------------------------------------------------------------------
 
 
-def test_analytics_queue(sftq: Run) -> None:
+def test_analytics_queue(sftq: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, _ = sftq("analytics", "queue")  # an older server: no reasons, no estimates
+    assert code == 0 and out.splitlines()[3].endswith("dpo follow-up  -      -")
+    import fake_jobs_api
+
+    queued = {**fake_jobs_api.QUEUE_BODY["your_queued_jobs"][0],
+              "waiting_reason": {"code": "behind_own_running_job",
+                                 "message": "You have 1 running job and may run 1 at a time: "
+                                            "this job is admitted when one of them ends."},
+              "estimated_start_at": "2026-05-01T11:01:30Z",
+              "estimate": {"basis": "simulated strict-FIFO admission with 2 jobs ahead, 1 "
+                                    "running and 12 free GPUs; run times from the provider's "
+                                    "progress or recent similar jobs, else a default of 60 "
+                                    "minutes"}}
+    monkeypatch.setattr(fake_jobs_api, "QUEUE_BODY",
+                        {**fake_jobs_api.QUEUE_BODY, "your_queued_jobs": [queued]})
     code, out, _ = sftq("analytics", "queue")
     assert code == 0
+    # Beside AHEAD (other users' jobs only), why the job waits and when it should start, and
+    # what the estimates rest on (issue 54 items 9, 10).
+    header, row = out.splitlines()[2:4]
+    assert header.split() == ["ID", "KIND", "GPUS", "CREATED", "AHEAD", "NAME", "START", "WHY"]
+    assert row.endswith("05-01 11:01Z  You have 1 running job and may run 1 at a time: this job "
+                        "is admitted when one of them ends."), row
+    assert ("estimates: simulated queue, 2 ahead; a run with no history counts 60 minutes\n"
+            in out)
     assert "running: 11111111-1111-4111-8111-111111111111  SFT  4 GPUs" in out
     assert "queued (1):" in out and "dpo follow-up" in out
     assert "everyone: 5 queued, 2 running, 8 GPUs in use" in out

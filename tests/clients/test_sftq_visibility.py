@@ -185,6 +185,8 @@ def test_wait_live_line_shows_reason_position_estimate_then_progress(
     assert f"{job['id']}  QUEUED" in q and "3 ahead" in q
     assert "starts ~" in q and ("(in 24m, estimate)" in q or "(in 25m, estimate)" in q)
     assert "You have 1 running job" in q
+    # What the estimate rests on comes last, where the terminal has room for it.
+    assert q.endswith("(estimate: simulated)"), q
     p = lines[3]
     assert "PROGRESS" in p and "RUNNING 42% epoch 2" in p and "ends ~" in p
     assert f"{job['id']}  SUCCESS" in lines[-1]

@@ -21,9 +21,8 @@ _SHOTS: list[Path] = []
 _STACKS = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def stack(pg_cluster: LocalCluster, template_db: str,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def _stack(pg_cluster: LocalCluster, template_db: str, tmp_path_factory: pytest.TempPathFactory,
+           env: dict[str, str] | None = None) -> Iterator[Stack]:
     janitor = DatabaseJanitor(user="postgres", host="127.0.0.1", port=pg_cluster.port,
                               dbname=f"dash{os.getpid()}_{next(_STACKS)}",
                               template_dbname=template_db)
@@ -31,13 +30,26 @@ def stack(pg_cluster: LocalCluster, template_db: str,
     stacks = e2e_helpers().DevStacks(tmp_path_factory.mktemp("dash-stack"))
     try:
         dev = stacks.start(database_url=pg_cluster.url_for(janitor.dbname), tick_interval=0,
-                           job_seconds=0)
+                           job_seconds=0, env=env)
         values = dev.wait_ready()
         with httpx.Client(timeout=30) as http:
             yield Stack(values, http)
     finally:
         stacks.close()
         janitor.drop()
+
+
+@pytest.fixture(scope="module")
+def stack(pg_cluster: LocalCluster, template_db: str,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield from _stack(pg_cluster, template_db, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def checked_stack(pg_cluster: LocalCluster, template_db: str,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A stack with the pre-flight check on (the tests' default is off), as a user's has it."""
+    yield from _stack(pg_cluster, template_db, tmp_path_factory, {"SFTQ_PREFLIGHT": "on"})
 
 
 @pytest.fixture

@@ -64,8 +64,9 @@ class Stack:
         body: dict[str, Any] = r.json()
         return body
 
-    def finish(self, job_id: str, state: str = "JOB_STATE_COMPLETED") -> None:
-        name = str(self.job(job_id)["fireworks_job_name"])
+    def finish(self, job_id: str, state: str = "JOB_STATE_COMPLETED",
+               key: str | None = None) -> None:
+        name = str(self.job(job_id, key)["fireworks_job_name"])
         _, _, collection, fw_id = name.split("/")
         r = self.http.post(f"{self.values['SIMULATOR_URL']}/_sim/jobs/{collection}/{fw_id}:finish",
                            json={"state": state})

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from browser_support import Browser, origin_of
-from stack_support import Stack
+from stack_support import ROOT, Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -214,7 +214,7 @@ def test_validation_messages_sit_beside_their_fields(stack: Stack, browser: Brow
     assert b.text("#err-display_name").startswith("display_name must be a string of at most 256")
     assert b.find("#f-gpu_count").get_attribute("aria-invalid") == "true"
     assert b.text("#err-fireworks_payload") == "" and b.text("#err-kind") == ""
-    assert "2 fields need attention" in b.text("#submit-summary")
+    assert "2 problems need fixing" in b.text("#submit-summary")
     b.screenshot("submit-errors", 1440)
     b.screenshot("submit-errors", 375)
     # A payload that is not JSON is caught before sending; one that is not an object, by the API.
@@ -388,4 +388,116 @@ def test_list_filters_in_the_address_take_any_case(stack: Stack, browser: Browse
     b.wait(lambda: b.attrs("#jobs-table tbody tr", "data-job-id") == [cancelled],
            "the SFT filter")
     assert b.find("#f-kind").get_attribute("value") == "SFT"
+    assert b.console_errors() == []
+
+
+def example(name: str) -> dict[str, object]:
+    loaded: dict[str, object] = json.loads((ROOT / "examples" / f"{name}.json").read_text())
+    return loaded
+
+
+def test_every_problem_shows_beside_its_field(checked_stack: Stack, browser: Browser) -> None:
+    """Issue 54.13: a wrong GPU count and a misspelt payload field, both shown after one try."""
+    b = browser
+    b.sign_in(checked_stack.url, checked_stack.key)
+    bad = {**example("sft"), "learningrate": 1e-4}
+    fill_submit(b, name="two problems", gpus="10000", payload=json.dumps(bad, indent=2))
+    b.wait(lambda: b.text("#err-gpu_count"), "the gpu_count message")
+    assert b.text("#err-gpu_count") == "gpu_count must be an integer from 1 to 64"
+    assert "did you mean 'learningRate'" in b.text("#err-fireworks_payload")
+    assert b.find("#f-fireworks_payload").get_attribute("aria-invalid") == "true"
+    assert "2 problems need fixing" in b.text("#submit-summary")
+    b.screenshot("submit-all-problems", 375)
+    # A payload problem alone (invalid_fireworks_payload: details with a path only) is placed
+    # under the payload too, every finding of it.
+    fill_submit(b, name="payload only", payload=json.dumps({"epochs": "two", "learningrate": 1}))
+    b.wait(lambda: b.find_all("#err-fireworks_payload li"), "the payload's findings")
+    assert len(b.find_all("#err-fireworks_payload li")) >= 3  # dataset, epochs, learningrate
+    assert b.text("#err-gpu_count") == ""
+    assert b.console_errors(allow=lambda m: "status of 400" in m) == []
+
+
+def test_every_state_reads_plainly(checked_stack: Stack, browser: Browser) -> None:
+    """Issue 54 items 5, 6, 9, 16 as a person sees them: jobs in every state; the cost in
+    dollars, estimates with their basis, times with their zone, maxOutputTokens shown, the
+    #/jobs/<id> link opening the job; screenshots at 375 and 1440 px."""
+    st, b = checked_stack, browser
+    key = st.user("dash-states")
+
+    def run(payload: dict[str, object], kind: str = "SFT", end: str | None = None) -> str:
+        job_id = st.submit(None, key=key, payload=payload, kind=kind, gpus=4)
+        st.tick()
+        assert st.job(job_id, key)["state"] == "PROGRESS"
+        if end:
+            st.finish(job_id, end, key)
+            st.tick()
+        return job_id
+
+    done = run(example("sft"), end="JOB_STATE_COMPLETED")
+    failed = run({**example("sft"), "displayName": "sft that fails"}, end="JOB_STATE_FAILED")
+    rft = run(example("rft"), kind="RFT")  # runs on: no RFT history, so a default estimate
+    queued = st.submit("waits behind my RFT", key=key, gpus=2)
+    cancelled = st.submit("changed my mind", key=key)
+    assert st.http.delete(f"{st.api}/jobs/{cancelled}", headers=st.auth(key)).status_code == 200
+    assert {st.job(j, key)["state"] for j in (done, failed, rft, queued, cancelled)} == {
+        "SUCCESS", "FAIL", "PROGRESS", "QUEUED", "CANCELLED"}
+    # The payload's displayName names the jobs submitted without one (issue 54.12).
+    assert st.job(done, key)["display_name"] == "qwen3-14b sft example"
+    # Fireworks' cost estimate of the SFT job, as the simulator gives it.
+    assert st.job(done, key)["estimated_cost"], st.job(done, key)
+
+    # A cost of a sixth of a dollar, as Fireworks writes a google.type.Money.
+    st.sql("UPDATE sftq.jobs SET estimated_cost = %s::jsonb WHERE id = %s",
+           '{"nanos": 166666667, "units": "0", "currencyCode": "USD"}', done)
+
+    b.sign_in(st.url, key)
+    zone = b.js("return Intl.DateTimeFormat(undefined, {timeZoneName: 'short'})"
+                ".formatToParts(new Date()).find(p => p.type === 'timeZoneName').value")
+    # #/jobs/<id> opens the job, as #/job/<id> does.
+    b.go(f"#/jobs/{done}")
+    b.wait(lambda: job_state(b) == "SUCCESS", "the job by #/jobs/<id>")
+    assert b.text("#job-title") == "qwen3-14b sft example"
+    b.wait(lambda: b.present("#job-cost"), "the estimated cost")
+    assert b.text("#job-cost") == "$0.17 (Fireworks' estimate)"
+    assert "nanos" not in b.text("main") and "currencyCode" not in b.text("main")
+    times = b.texts("#job-record time")
+    assert len(times) == 3 and all(t.endswith(zone) for t in times), (times, zone)
+    b.screenshot("job-success", 1440)
+    b.screenshot("job-success", 375)
+
+    b.go(f"#/job/{rft}")
+    b.wait(lambda: job_state(b) == "PROGRESS", "the running RFT")
+    b.wait(lambda: b.present("#job-now .basis"), "the estimate's basis beside it")
+    assert "60 minutes" in b.text("#job-now .basis") and "no similar job" in b.text(
+        "#job-now .basis")
+    b.wait(lambda: '"maxOutputTokens": 1024' in b.text("#job-payload"), "the RFT payload")
+    b.screenshot("job-running-rft", 1440)
+    b.screenshot("job-running-rft", 375)
+
+    b.go(f"#/job/{queued}")
+    b.wait(lambda: job_state(b) == "QUEUED", "the queued job")
+    b.wait(lambda: b.present("#job-now .basis"), "the start estimate's basis")
+    assert "60 minutes" in b.text("#job-now .basis"), b.text("#job-now .basis")
+    b.screenshot("job-queued", 1440)
+    b.screenshot("job-queued", 375)
+
+    b.go(f"#/job/{failed}")
+    b.wait(lambda: job_state(b) == "FAIL", "the failed job")
+    b.screenshot("job-failed", 1440)
+
+    b.go("#/jobs")
+    b.wait(lambda: len(b.attrs("#jobs-table tbody tr", "data-job-id")) == 5, "five jobs")
+    b.wait(lambda: b.present(f'tr[data-job-id="{queued}"] .basis'), "the queued row's basis")
+    b.wait(lambda: b.present(f'tr[data-job-id="{rft}"] .basis'), "the running row's basis")
+    b.screenshot("jobs-every-state", 1440)
+    b.screenshot("jobs-every-state", 375)
+    b.go("#/queue")
+    b.wait(lambda: b.present("#queue-table"), "the queue")
+    b.screenshot("queue-every-state", 1440)
+    b.screenshot("queue-every-state", 375)
+    b.go("#/charts")
+    b.wait(lambda: b.present("#charts-gpus svg"), "the charts")
+    assert f"(times in {zone})" in b.text("#charts-gpus")
+    assert "{" not in b.text("main")
+    assert {shot: px for shot, px in b.overflow.items() if px > 0} == {}
     assert b.console_errors() == []

@@ -243,6 +243,19 @@ def test_payload_route_redacts_and_is_owner_scoped(client: Client, q: Q,
 
 # --- the chart series -----------------------------------------------------------------------------
 
+
+def test_payload_route_shows_token_counts(client: Client, users: dict[str, str]) -> None:
+    """maxOutputTokens is a count, not a secret: the RFT example reads as Fireworks received it."""
+    alice = Api(client, users["alice"])
+    root = Path(__file__).resolve().parents[2]
+    example = json.loads((root / "examples" / "rft.json").read_text())
+    example["wandbConfig"] = {"apiKey": SECRETS[0]}
+    resp = alice.post("/jobs", {"kind": "RFT", "fireworks_payload": example})
+    assert resp.status_code == 201, resp.get_data(as_text=True)
+    body = alice.get(f"/jobs/{resp.get_json()['id']}/payload").get_json()
+    assert body["fireworks_payload"]["inferenceParameters"]["maxOutputTokens"] == 1024
+    assert body["fireworks_payload"]["wandbConfig"] == {"apiKey": "[REDACTED]"}
+
 def test_history_route(client: Client, q: Q, users: dict[str, str]) -> None:
     api = Api(client, users["alice"])
     for kind in ("SFT", "DPO"):

@@ -98,3 +98,57 @@ def test_operations_md_disables_users_with_the_admin_commands() -> None:
         "cannot cancel while disabled",
     ):
         assert claim in help_text, claim
+
+
+def _long_options(parser: object) -> set[str]:
+    import argparse
+
+    assert isinstance(parser, argparse.ArgumentParser)
+    found: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found |= _long_options(child)
+        found |= {o for o in action.option_strings if o.startswith("--")}
+    return found - {"--help", "--api-key", "--api-url"}
+
+
+def test_each_synopsis_of_cli_md_names_every_option_of_its_command() -> None:
+    """Issue 54.16: `submit`'s synopsis lacked --dry-run and --no-validate. Each command whose
+    section opens with a synopsis block (```` ``` ```` then `sftq NAME ...`) lists every long option
+    the command takes."""
+    import argparse
+
+    from sftq_client import cli
+
+    doc = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    parser = cli._build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    checked = []
+    for name, sub in commands.choices.items():
+        section = re.search(rf"^### {name}\n(.*?)(?=^##)", doc, re.S | re.M)
+        if section is None:
+            continue
+        block = re.search(r"^```\n(.*?)^```$", section.group(1), re.S | re.M)
+        if block is None or not block.group(1).startswith(f"sftq {name}"):
+            continue
+        missing = sorted(o for o in _long_options(sub) if o not in block.group(1))
+        assert missing == [], f"docs/cli.md's `{name}` synopsis lacks {missing}"
+        checked.append(name)
+    assert {"submit", "list", "wait", "analytics", "webhooks"} <= set(checked), checked
+
+
+def test_dev_md_names_every_child_of_sftq_dev() -> None:
+    """Issue 54.16: docs/dev.md listed three children of `sftq dev` where there are four."""
+    from sftq_server.dev.stack import children
+
+    source = (ROOT / "functions" / "sftq_server" / "dev" / "stack" / "children.py").read_text()
+    names = re.findall(r'ChildSpec\(\s*"([a-z]+)"', source)
+    assert sorted(names) == ["gateway", "simulator", "ticker", "webhooks"], names
+    assert children.stack_children  # the table the names come from
+    text = (ROOT / "docs" / "dev.md").read_text(encoding="utf-8")
+    paragraph = text[text.index("`sftq dev` is a supervisor."):][:600]
+    words = {"simulator": "simulator", "gateway": "gateway", "webhooks": "webhook deliverer",
+             "ticker": "ticker"}
+    for name in names:
+        assert words[name] in paragraph, (name, paragraph)

@@ -215,7 +215,7 @@ def test_missing_payload_has_the_contract_message(sapi: Api, skey: str,
 def test_payload_must_be_an_object(sapi: Api, skey: str, payload: Any) -> None:
     resp = sapi.post("/jobs", skey, json={"kind": "SFT", "fireworks_payload": payload})
     err = assert_error(resp, 400, "validation_error")
-    assert err["details"] == [{"field": "fireworks_payload",
+    assert err["details"] == [{"field": "fireworks_payload", "path": "fireworks_payload",
                                "message": "fireworks_payload must be a JSON object"}]
 
 
@@ -231,7 +231,7 @@ def test_kind_is_required(api: Api, alice: str) -> None:
     err = assert_error(api.post("/jobs", alice, json={"fireworks_payload": {}}), 400,
                        "validation_error")
     assert err["error"] == "kind is required"
-    assert err["details"] == [{"field": "kind", "message": "kind is required"}]
+    assert err["details"] == [{"field": "kind", "path": "kind", "message": "kind is required"}]
 
 
 @pytest.mark.parametrize("gpu_count",
@@ -264,6 +264,23 @@ def test_display_name_edge_values_are_fine(sapi: Api, skey: str, name: str | Non
     assert resp.status_code == 201, resp.json
     job = sapi.get(f"/jobs/{resp.json['id']}", skey).json  # type: ignore[index]
     assert job["display_name"] == name  # type: ignore[index]
+
+
+def test_payload_display_name_is_the_default_name(sapi: Api, skey: str) -> None:
+    """Issue 54.12: without display_name, the job takes the payload's displayName, cut to the
+    limit; an explicit display_name wins."""
+    for given, payload_name, expected in (
+            ({}, "qwen3 sft run", "qwen3 sft run"),
+            ({"display_name": None}, "x" * 300, "x" * 256),
+            ({"display_name": "mine"}, "theirs", "mine"),
+            ({}, "   ", None),
+            ({}, 5, None)):
+        resp = sapi.post("/jobs", skey, json={"kind": "SFT", **given,
+                                              "fireworks_payload": {**SFT_PAYLOAD,
+                                                                    "displayName": payload_name}})
+        assert resp.status_code == 201, resp.json
+        job = sapi.get(f"/jobs/{resp.json['id']}", skey).json  # type: ignore[index]
+        assert job["display_name"] == expected, given  # type: ignore[index]
 
 
 def test_unknown_fields_are_rejected_by_name(api: Api, alice: str) -> None:

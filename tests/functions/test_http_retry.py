@@ -117,6 +117,7 @@ def test_queue_timeout_is_stored_and_validated(api: Api, db: Db, alice: str) -> 
         resp = api.submit(alice, queue_timeout_seconds=bad)
         body = assert_error(resp, 400, "validation_error")
         assert body["details"] == [{"field": "queue_timeout_seconds",
+                                    "path": "queue_timeout_seconds",
                                     "message": "queue_timeout_seconds must be an integer from 1 "
                                                "to 2592000 (30 days)"}], bad
     assert api.submit(alice, queue_timeout_seconds=2592000).status_code == 201

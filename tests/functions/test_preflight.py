@@ -179,3 +179,29 @@ def test_the_client_and_the_cli_dry_run(base: str, key: str, db_url: str, tmp_pa
     assert main(["submit", *common, "--kind", "sft", "--payload", str(good), "--dry-run"]) == 0
     assert "would be accepted" in capsys.readouterr().out
     assert count_jobs(db_url) == 2
+
+
+def test_every_problem_is_in_one_answer(base: str, key: str, db_url: str) -> None:
+    """Issue 54.13: a bad gpu_count and a misspelt payload field are both named in the one 400,
+    each detail with its `path` (the request's own fields keep `field` too)."""
+    answer = post(base, key, {"kind": "sft", "gpu_count": 10000, "display_name": 7,
+                              "fireworks_payload": {**SFT, "learningrate": 1e-4}})
+    assert answer.status_code == 400, answer.text
+    body = answer.json()
+    assert body["code"] == "validation_error"
+    paths = [d["path"] for d in body["details"]]
+    assert paths == ["display_name", "gpu_count", "fireworks_payload.learningrate"]
+    assert all(d["message"] for d in body["details"])
+    assert [d["field"] for d in body["details"]] == ["display_name", "gpu_count",
+                                                     "fireworks_payload"]
+    assert "gpu_count must be" in body["error"] and "did you mean 'learningRate'" in body["error"]
+    # The same through POST /jobs:validate, and nothing enqueued by either.
+    again = post(base, key, {"kind": "SFT", "gpu_count": 0,
+                             "fireworks_payload": {"baseModel": "m"}}, "/jobs:validate")
+    assert [d["path"] for d in again.json()["details"]] == ["gpu_count",
+                                                            "fireworks_payload.dataset"]
+    # validate "off" turns the payload's check off here too.
+    off = post(base, key, {"kind": "SFT", "gpu_count": 0, "validate": "off",
+                           "fireworks_payload": {"baseModel": "m"}})
+    assert [d["path"] for d in off.json()["details"]] == ["gpu_count"]
+    assert count_jobs(db_url) == 0

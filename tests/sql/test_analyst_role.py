@@ -129,3 +129,39 @@ def test_scheduler_role_runs_a_whole_cycle_but_cannot_read_keys(q: Q) -> None:
             q.conn.execute("SELECT key_hash FROM sftq.api_keys")
     finally:
         q.conn.execute("RESET ROLE")
+
+
+SECRET_KEYS = ("apiKey", "api_key", "API-KEY", "credentialsSecret", "clientSecret", "password",
+               "dbPassword", "passphrase", "credentials", "token", "accessToken", "hf_token",
+               "authToken", "refresh_token", "privateKey", "accessKeyId", "Authorization",
+               "auth", "bearer")
+PLAIN_KEYS = ("maxOutputTokens", "maxTokens", "max_tokens", "tokenizer", "tokenLimit",
+              "maxContextLength", "numTokens", "epochs", "keyword", "dataset", "author")
+
+
+def test_redaction_hides_secret_names_and_shows_token_counts(q: Q) -> None:
+    """The rule is precise: secrets hidden at any depth, counts of tokens shown as sent."""
+    payload = {
+        "inferenceParameters": {"maxOutputTokens": 1024, "temperature": 0.7},
+        "wandbConfig": {"enabled": True, "apiKey": "wandb-SECRET", "project": "p"},
+        "awsS3Config": {"credentialsSecret": "aws-SECRET", "iamRoleArn": "arn:x"},
+        "deep": [{k: f"{k}-SECRET" for k in SECRET_KEYS} | {k: 7 for k in PLAIN_KEYS}],
+    }
+    shown = q.one("SELECT sftq.redact_secrets(%s::jsonb)", json.dumps(payload))
+    assert "SECRET" not in json.dumps(shown)
+    assert shown["inferenceParameters"] == {"maxOutputTokens": 1024, "temperature": 0.7}
+    assert shown["wandbConfig"] == {"enabled": True, "apiKey": "[REDACTED]", "project": "p"}
+    assert shown["awsS3Config"] == {"credentialsSecret": "[REDACTED]", "iamRoleArn": "arn:x"}
+    for key in SECRET_KEYS:
+        assert shown["deep"][0][key] == "[REDACTED]", key
+    for key in PLAIN_KEYS:
+        assert shown["deep"][0][key] == 7, key
+    # The analyst's view applies the same rule.
+    a = q.user("a")
+    job = q.enqueue(a, payload=payload)
+    q.conn.execute("SET ROLE sftq_analyst")
+    try:
+        seen = q.one("SELECT fireworks_payload FROM sftq.analyst_jobs WHERE id = %s", job)
+    finally:
+        q.conn.execute("RESET ROLE")
+    assert seen == shown

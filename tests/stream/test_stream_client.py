@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from dataclasses import replace
@@ -162,22 +163,46 @@ def test_cli_watch_updates_live(asgi, sql: Sql, monkeypatch: pytest.MonkeyPatch,
                      f"{holder['second']} CANCELLED"], lines
 
 
-def test_follow_events_prints_until_the_job_ends(asgi, sql: Sql, monkeypatch: pytest.MonkeyPatch,
+def test_follow_events_prints_until_the_job_ends(settings, sql: Sql,
+                                                 monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
     from sftq_client.cli._common import Context
     from sftq_client.cli.watch import follow_events
+    from sftq_server.http.gateway import make_server
 
     key = sql.user("alice")
     job = sql.enqueue("alice")
-    _later(0.3, lambda: sql.cancel("alice", job))
-    ctx = Context(argparse.Namespace(api_key=key, api_url=asgi.url),
-                  lambda k, u: Client(api_key=k, base_url=u))
+    # The whole gateway (jobs-api and the stream), as `sftq dev` serves it: --follow reads the
+    # job's events, woken by the stream.
+    server = make_server("127.0.0.1", 0, settings)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.port}/functions/v1/jobs-api"
     try:
-        assert follow_events(ctx, job, as_json=True) == 0
+        _later(0.5, lambda: sql.cancel("alice", job))
+        ctx = Context(argparse.Namespace(api_key=key, api_url=url),
+                      lambda k, u: Client(api_key=k, base_url=u))
+        started = time.monotonic()
+        try:
+            assert follow_events(ctx, job, as_json=True) == 0
+        finally:
+            ctx.close()
+        assert time.monotonic() - started < 5  # woken by the stream, not a 5 s poll
+        # The job's events as `sftq events --json` gives them, one per line (issue 54.16).
+        events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [(e["type"], e["state"]) for e in events] == [("queued", "QUEUED"),
+                                                             ("cancelled", "CANCELLED")], events
+        assert all(e["job_id"] == job and e["message"] for e in events)
+        # Rows like `sftq events` prints them, once the job has ended too.
+        _cli(monkeypatch, url, key)
+        assert main(["events", job, "--follow"]) == 0
+        rows = capsys.readouterr().out.splitlines()
+        assert rows[0].split() == ["ID", "TIME", "TYPE", "STATE", "MESSAGE"]
+        assert [r.split()[3:5] for r in rows[1:]] == [["queued", "QUEUED"],
+                                                      ["cancelled", "CANCELLED"]], rows
     finally:
-        ctx.close()
-    out = capsys.readouterr().out.splitlines()
-    assert [line.count('"type": "status"') for line in out] == [1, 1]
-    assert '"CANCELLED"' in out[-1]
+        server.shutdown()
+        server.server_close()
+        server.app.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from typing import Any, Final
 from pydantic import BaseModel
 
 from .._client import Client
-from ..models import Job
+from ..models import Job, JobAnalytics
 
 EXIT_OK: Final = 0
 EXIT_ERROR: Final = 1
@@ -88,6 +89,59 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{secs}s"
 
 
+def fmt_money(money: Any) -> str:
+    """A google.type.Money ({"currencyCode", "units", "nanos"}) for a person: $0.17 for USD,
+    12.50 EUR for another currency; a positive amount under a cent is "< $0.01"."""
+    if not isinstance(money, dict):
+        return "-"
+    try:
+        amount = int(money.get("units") or 0) + int(money.get("nanos") or 0) / 1e9
+    except (TypeError, ValueError):
+        return "-"
+    code = str(money.get("currencyCode") or "USD").upper()
+
+    def text(value: str) -> str:
+        return f"${value}" if code == "USD" else f"{value} {code}"
+
+    if 0 < amount < 0.005:
+        return f"< {text('0.01')}"
+    return ("-" if amount < 0 else "") + text(f"{abs(amount):.2f}")
+
+
+_BASIS_RULES: Final = (
+    (re.compile(r"^default run time of ([^:]+)"),
+     lambda m: f"assumes a run of {m[1]}: no similar job finished lately"),
+    (re.compile(r"^median run time of (\d+) \S+ jobs? on"),
+     lambda m: f"median of {m[1]} similar run{'' if m[1] == '1' else 's'}"),
+    (re.compile(r"^median run time of the (\d+) similar"),
+     lambda m: f"median of {m[1]} longer similar run{'' if m[1] == '1' else 's'}"),
+    (re.compile(r"^from the provider's progress"), lambda m: "from Fireworks' reported progress"),
+    (re.compile(r"^the provider reports 100%"), lambda m: "Fireworks reports 100%"),
+    (re.compile(r"^already running longer"), lambda m: "running longer than similar jobs"),
+    (re.compile(r"^fixed run time of ([^;]+)"), lambda m: f"assumes {m[1]}"),
+    (re.compile(r"^simulated strict-FIFO admission with (\d+) jobs? ahead.*"
+                r"else a default of ([^;]+)$"),
+     lambda m: f"simulated queue, {m[1]} ahead; a run with no history counts {m[2]}"),
+    (re.compile(r"^simulated strict-FIFO admission with (\d+) jobs? ahead"),
+     lambda m: f"simulated queue, {m[1]} ahead"),
+    (re.compile(r"^extrapolated: (\d+)"), lambda m: f"extrapolated, {m[1]} ahead"),
+    (re.compile(r"^no estimate: (.*)$"), lambda m: m[1]),
+)
+
+
+def basis_short(basis: str | None) -> str:
+    """What an estimate rests on, in a few words to print beside it (the server's sentence,
+    ``estimate.basis``, is in --json and `sftq analytics job`): "assumes a run of 60 minutes:
+    no similar job finished lately"."""
+    if not basis:
+        return ""
+    for pattern, say in _BASIS_RULES:
+        match = pattern.search(basis)
+        if match:
+            return str(say(match))
+    return basis
+
+
 def fmt(value: object) -> str:
     if value is None:
         return "-"
@@ -112,8 +166,9 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
 
 
 def fields(pairs: Sequence[tuple[str, object]]) -> str:
+    """`name:  value` lines, aligned; an empty name continues the line above (a list)."""
     width = max(len(k) for k, _ in pairs) + 1
-    return "\n".join(f"{(k + ':').ljust(width)}  {fmt(v)}" for k, v in pairs)
+    return "\n".join(f"{(k + ':' if k else '').ljust(width)}  {fmt(v)}" for k, v in pairs)
 
 
 def print_json(value: BaseModel | Sequence[BaseModel]) -> None:
@@ -142,6 +197,41 @@ def job_fields(job: Job) -> list[tuple[str, object]]:
         pairs.append(("failure_class", job.failure_class))
     if job.retry_of is not None:
         pairs.append(("retry_of", job.retry_of))
+    # Issue 44's fields, only when set: what the pre-flight found doubtful, and the cost.
+    for i, finding in enumerate(job.warnings or []):
+        pairs.append(("warnings" if i == 0 else "", f"{finding.path}: {finding.message}"))
+    if job.estimated_cost is not None:
+        pairs.append(("estimated_cost", f"{fmt_money(job.estimated_cost)} (Fireworks' estimate)"))
+    return pairs
+
+
+def estimate_text(at: datetime | None, basis: str | None) -> str:
+    """An estimated time with what it rests on, in a few words: "2026-05-01 11:00:00Z
+    (estimate: assumes a run of 60 minutes: no similar job finished lately)"."""
+    why = basis_short(basis)
+    if at is None:
+        return f"none ({why})" if why else "none"
+    return f"{fmt_time(at)} (estimate: {why})" if why else f"{fmt_time(at)} (estimate)"
+
+
+def now_fields(a: JobAnalytics) -> list[tuple[str, object]]:
+    """What a job is doing now, from its analytics: while QUEUED why it waits, how many of
+    others' jobs are ahead and when it should start; while PROGRESS the provider's state, the
+    progress and when it should end; each estimate with its basis in a few words."""
+    basis = a.estimate.basis if a.estimate else None
+    pairs: list[tuple[str, object]] = []
+    if a.state == "QUEUED":
+        if a.waiting_reason is not None:
+            pairs.append(("waiting_reason", a.waiting_reason.message or a.waiting_reason.code))
+        if a.queue_position is not None:
+            pairs.append(("queue_position", f"{a.queue_position} of other users' jobs ahead"))
+        pairs.append(("estimated_start_at", estimate_text(a.estimated_start_at, basis)))
+    elif a.state == "PROGRESS":
+        pairs.append(("provider_state", a.provider_state or "submitting"))
+        percent = a.progress.percent if a.progress else None
+        if percent is not None:
+            pairs.append(("progress", f"{percent:g}%"))
+        pairs.append(("estimated_finish_at", estimate_text(a.estimated_finish_at, basis)))
     return pairs
 
 

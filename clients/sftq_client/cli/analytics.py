@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from datetime import UTC
 
-from ..models import JobAnalytics, QueueContext, Summary
+from ..models import JobAnalytics, QueueContext, QueuedJob, Summary
 from ._common import (
     EXIT_OK,
     ID_HELP,
@@ -12,9 +13,12 @@ from ._common import (
     Context,
     add_connection_options,
     add_json,
+    basis_short,
     fields,
     fmt_duration,
+    fmt_money,
     fmt_time,
+    now_fields,
     one_line,
     out,
     print_json,
@@ -35,21 +39,41 @@ def _print_queue(ctx_: QueueContext) -> None:
         )
     if ctx_.your_queued_jobs:
         out(f"queued ({len(ctx_.your_queued_jobs)}):")
+        # AHEAD counts other users' jobs only: WHY says what holds the job (often your own
+        # running or earlier job, which AHEAD does not count), START when it should start.
         out(
             table(
-                ("ID", "KIND", "GPUS", "CREATED", "AHEAD", "NAME"),
+                ("ID", "KIND", "GPUS", "CREATED", "AHEAD", "NAME", "START", "WHY"),
                 [
-                    [q.id, q.kind, q.gpu_count, q.created_at, q.queue_position, q.display_name]
+                    [q.id, q.kind, q.gpu_count, q.created_at, q.queue_position, q.display_name,
+                     _start(q), _why(q)]
                     for q in ctx_.your_queued_jobs
                 ],
             )
         )
+        # What the START estimates rest on, in a few words (the sentences are in --json).
+        bases = dict.fromkeys(basis_short(q.estimate.basis) for q in ctx_.your_queued_jobs
+                              if q.estimate and q.estimate.basis)
+        for basis in bases:
+            out(f"estimates: {basis}")
     else:
         out("queued: none")
     out(
         f"everyone: {ctx_.global_queue_depth} queued, {ctx_.global_progress_count} running, "
         f"{ctx_.global_gpu_in_use} GPUs in use"
     )
+
+
+def _why(q: QueuedJob) -> str:
+    reason = q.waiting_reason
+    if reason is None:
+        return "-"
+    return one_line(reason.message or reason.code, 200) or reason.code
+
+
+def _start(q: QueuedJob) -> str:
+    return "-" if q.estimated_start_at is None else \
+        q.estimated_start_at.astimezone(UTC).strftime("%m-%d %H:%MZ")
 
 
 def _print_summary(summary: Summary) -> None:
@@ -100,6 +124,10 @@ def _print_job_analytics(a: JobAnalytics) -> None:
                 ("run_duration", fmt_duration(a.run_duration_seconds)),
                 ("gpu_hours", gpu_hours),
                 ("error", a.error),
+                *now_fields(a),
+                *([("estimate_basis", a.estimate.basis)] if a.estimate else []),
+                *([("estimated_cost", f"{fmt_money(a.estimated_cost)} (Fireworks' estimate)")]
+                  if a.estimated_cost else []),
             ]
         )
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ from itertools import islice
 from typing import Any, Final
 
 from .._transport import MIN_ID_PREFIX
+from ..errors import SftqError
 from ..models import KINDS, STATES, CancelResult, Job, RetryResult
 from ..resources.stream import StreamUnavailable, wait_streaming
 from ._common import (
@@ -27,8 +29,12 @@ from ._common import (
     add_wait_options,
     err,
     exit_for_job,
+    fields,
     fmt_duration,
+    fmt_money,
     fmt_time,
+    job_fields,
+    now_fields,
     one_line,
     out,
     positive_int,
@@ -202,15 +208,6 @@ def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_OK
 
 
-def fmt_money(money: dict[str, Any]) -> str:
-    """A google.type.Money for a person: 20.5 USD."""
-    try:
-        amount = int(money.get("units") or 0) + int(money.get("nanos") or 0) / 1e9
-    except (TypeError, ValueError):
-        return json.dumps(money)
-    return f"{amount:.2f} {money.get('currencyCode') or ''}".strip()
-
-
 def _dry_run(args: argparse.Namespace, ctx: Context, kind: str, payload: Any) -> int:
     """`sftq submit --dry-run`: every pre-flight check, nothing enqueued; exit 0 when the job
     would be accepted, EXIT_REJECTED when not."""
@@ -327,7 +324,17 @@ def _cmd_list(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _cmd_get(args: argparse.Namespace, ctx: Context) -> int:
-    print_job(ctx.client.get(resolve_job(ctx, args.job_id)), args.json)
+    job = ctx.client.get(resolve_job(ctx, args.job_id))
+    if args.json:
+        print_json(job)
+        return EXIT_OK
+    pairs = job_fields(job)
+    if not job.is_terminal:
+        # What it is doing now (why it waits, when it should start or end, and on what that
+        # estimate rests), as the why-waiting API tells it. A server without it: the record.
+        with contextlib.suppress(SftqError):
+            pairs += now_fields(ctx.client.job_analytics(job.id))
+    out(fields(pairs))
     return EXIT_OK
 
 

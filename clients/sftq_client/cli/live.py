@@ -19,6 +19,7 @@ from typing import Any, Final, TextIO
 
 from ..errors import SftqError
 from ..models import EndEvent, Job, JobAnalytics, ProgressEvent, QueueEvent, StatusEvent
+from ._common import basis_short
 
 REFRESH: Final = 5.0
 
@@ -106,7 +107,7 @@ class LiveStatus:
             if info.state == job.state:
                 self._detail = {k: getattr(info, k) for k in (
                     "queue_position", "waiting_reason", "estimated_start_at", "provider_state",
-                    "progress", "estimated_finish_at")}
+                    "progress", "estimated_finish_at", "estimate")}
 
     # -- drawing --------------------------------------------------------------------------
 
@@ -123,6 +124,8 @@ class LiveStatus:
             reason = d.get("waiting_reason")
             if reason is not None:
                 parts.append(reason.message or reason.code)
+            # Last, so that a narrow terminal cuts it first: what the estimate rests on.
+            parts.append(self._basis())
         elif self.last_state == "PROGRESS":
             sub = (d.get("provider_state") or "").removeprefix("JOB_STATE_")
             progress = d.get("progress")
@@ -133,9 +136,16 @@ class LiveStatus:
             if sub.strip():
                 parts.append(sub.strip())
             parts.append(when("ends", d.get("estimated_finish_at"), now))
+            parts.append(self._basis())
         text = "  ".join(p for p in parts if p)
         width = max(40, (self._width or terminal_width)()) - 1
         return text if len(text) <= width else text[: width - 3] + "..."
+
+    def _basis(self) -> str:
+        # Frames carry no basis: the one the last analytics read gave stays (update() keeps it).
+        estimate = self._detail.get("estimate")
+        short = basis_short(estimate.basis) if estimate is not None else ""
+        return f"(estimate: {short})" if short else ""
 
     def _draw(self) -> None:
         if not self.job_id:

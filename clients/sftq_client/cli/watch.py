@@ -11,7 +11,16 @@ import time
 from datetime import UTC, datetime
 from typing import Final, TextIO
 
-from ..models import EndEvent, Job, ProgressEvent, QueueEvent, StatusEvent, StreamEvent
+from ..models import (
+    TERMINAL_STATES,
+    EndEvent,
+    Event,
+    Job,
+    ProgressEvent,
+    QueueEvent,
+    StatusEvent,
+    StreamEvent,
+)
 from ..resources.stream import StreamUnavailable, iter_stream
 from ._common import (
     EXIT_OK,
@@ -21,6 +30,7 @@ from ._common import (
     err,
     fmt,
     fmt_duration,
+    one_line,
     positive_float,
     table,
 )
@@ -98,31 +108,68 @@ class LiveLine:
 
 # ---- sftq events ID --follow --------------------------------------------------------------------
 
+class EventRows:
+    """`sftq events` rows printed as they come: the header once, then a row per event (or with
+    --json an Event object per line), each event once, oldest first."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.last_id: str | None = None
+        self.last_state: str | None = None
+        self._header = False
+
+    def catch_up(self, ctx: Context, job_id: str) -> None:
+        """Print the events that followed the last one printed."""
+        for event in ctx.client.iter_events(job_id, after=self.last_id):
+            self.print(event)
+
+    def print(self, event: Event) -> None:
+        if self.as_json:
+            line = json.dumps(event.model_dump(mode="json"))
+        else:
+            if not self._header:
+                sys.stdout.write(event_row("ID", "TIME", "TYPE", "STATE", "MESSAGE") + "\n")
+                self._header = True
+            line = event_row(event.id, fmt(event.created_at), event.type, event.state,
+                             one_line(event.message, 200) or "")
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        self.last_id, self.last_state = event.id, event.state
+
+    @property
+    def ended(self) -> bool:
+        return self.last_state in TERMINAL_STATES
+
+
+def event_row(*cells: str) -> str:
+    """One row of `sftq events --follow`: the columns of `sftq events`, at fixed widths (the
+    rows are printed as they come, so they cannot be measured first)."""
+    widths = (6, 20, 14, 9)
+    return "  ".join([c.ljust(w) for c, w in zip(cells, widths, strict=False)] + [cells[-1]])
+
+
 def follow_events(ctx: Context, job_id: str, *, as_json: bool, interval: float = 5.0,
                   last_event_id: str | None = None) -> int:
-    """Print a job's live events until it ends (the `--follow` of `sftq events ID`): a line per
-    event, or a JSON object per line with --json. Without a stream, polls the job's state."""
+    """`sftq events ID --follow`: the job's events as `sftq events` prints them (rows, or an
+    Event object per line with --json), the history first, then each new event as it happens,
+    until the job ends. Each frame of the job's stream says something changed: the events that
+    followed the last one printed are read then. Without a stream, they are read every
+    `interval` seconds."""
+    rows = EventRows(as_json)
+    rows.catch_up(ctx, job_id)
+    if rows.ended:
+        return EXIT_OK
     try:
         for event in iter_stream(ctx.client, job_id, last_event_id):
-            if isinstance(event, EndEvent):
+            rows.catch_up(ctx, job_id)
+            if isinstance(event, EndEvent) or rows.ended:
                 break
-            sys.stdout.write((_event_json(event) if as_json else f"{_now()} {describe(event)}")
-                             + "\n")
-            sys.stdout.flush()
     except StreamUnavailable:
-        err("note: this server does not stream; polling the job's state instead")
-        last = ""
-        while True:
-            job = ctx.client.get(job_id)
-            if job.state != last:
-                last = job.state
-                event = StatusEvent(id="", job=job)
-                sys.stdout.write((_event_json(event) if as_json else
-                                  f"{_now()} {describe(event)}") + "\n")
-                sys.stdout.flush()
-            if job.is_terminal:
-                break
+        err("note: this server does not stream; reading the job's events every "
+            f"{interval:g} s instead")
+        while not rows.ended:
             time.sleep(interval)
+            rows.catch_up(ctx, job_id)
     return EXIT_OK
 
 

@@ -368,7 +368,8 @@ def _validation_message(error: ValidationError) -> tuple[str, list[dict[str, str
     details = []
     for item in error.errors(include_url=False, include_input=False):
         where = ".".join(str(p) for p in item.get("loc", ())) or "(arguments)"
-        details.append({"field": where, "message": str(item.get("msg", "invalid"))})
+        # `path` as the API's details name where (issue 54.13); `field` kept for callers.
+        details.append({"field": where, "path": where, "message": str(item.get("msg", "invalid"))})
     summary = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])
     return f"invalid arguments: {summary}", details
 

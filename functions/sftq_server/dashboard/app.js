@@ -35,7 +35,9 @@ let current = null; // {name, view, pollTimer}
 function parseRoute() {
   const raw = location.hash.startsWith("#/") ? location.hash.slice(2) : "jobs";
   const [path, search] = raw.split("?", 2);
-  const [name, arg] = path.split("/", 2);
+  let [name, arg] = path.split("/", 2);
+  // "#/jobs/<id>" reads like a REST path (GET /jobs/{id}); it means the job page, "#/job/<id>".
+  if (name === "jobs" && arg) name = "job";
   return {
     name: Object.hasOwn(VIEWS, name) ? name : "jobs",
     arg: arg ? decodeURIComponent(arg) : null,

@@ -66,15 +66,24 @@ export function shortId(id) {
   return typeof id === "string" ? id.slice(0, 8) : "";
 }
 
+// Every date and time says its zone (the browser's own, named as Intl names it: "UTC",
+// "GMT+1", "PST"), so a time read off the page means one instant, as the CLI's "21:53Z" does.
 const dateTime = new Intl.DateTimeFormat(undefined, {
   year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
-  second: "2-digit",
+  second: "2-digit", timeZoneName: "short",
 });
 const thisYear = new Intl.DateTimeFormat(undefined, {
   month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit",
+  timeZoneName: "short",
 });
 const timeOnly = new Intl.DateTimeFormat(undefined, {hour: "2-digit", minute: "2-digit"});
 const dayOnly = new Intl.DateTimeFormat(undefined, {month: "short", day: "numeric"});
+
+/** The short name of the browser's time zone ("UTC", "GMT+1"), for captions of clock axes. */
+export function zoneName(date = new Date()) {
+  const part = dateTime.formatToParts(date).find((p) => p.type === "timeZoneName");
+  return part ? part.value : "local time";
+}
 
 export function parseTime(iso) {
   if (!iso) return null;
@@ -82,12 +91,60 @@ export function parseTime(iso) {
   return Number.isNaN(t.getTime()) ? null : t;
 }
 
-/** A timestamp as local date and time, in a <time> element carrying the ISO value. */
+/** A timestamp as local date and time with its zone, in a <time> element carrying the ISO
+ * value (its title gives the full date and the UTC instant). */
 export function timeEl(iso, fallback = "–") {
   const t = parseTime(iso);
   if (!t) return h("span", {class: "muted"}, fallback);
   const format = t.getFullYear() === new Date().getFullYear() ? thisYear : dateTime;
-  return h("time", {datetime: iso, title: dateTime.format(t)}, format.format(t));
+  return h("time", {datetime: iso, title: `${dateTime.format(t)} (${t.toISOString()})`},
+    format.format(t));
+}
+
+/** A google.type.Money ({currencyCode, units, nanos}) for a person: "$0.17", "12.50 EUR";
+ * a positive amount under a cent reads "< $0.01". "–" when it is not a Money. */
+export function fmtMoney(money) {
+  if (!money || typeof money !== "object") return "–";
+  const units = Number(money.units ?? 0);
+  const nanos = Number(money.nanos ?? 0);
+  if (!Number.isFinite(units) || !Number.isFinite(nanos)) return "–";
+  const amount = units + nanos / 1e9;
+  const code = typeof money.currencyCode === "string" ? money.currencyCode.toUpperCase() : "";
+  const text = (value) => (code === "USD" || code === "" ? `$${value}` : `${value} ${code}`);
+  if (amount > 0 && amount < 0.005) return `< ${text("0.01")}`;
+  return (amount < 0 ? "-" : "") + text(Math.abs(amount).toFixed(2));
+}
+
+/** A span with an estimate's basis in a few words, the full sentence as its title. */
+export function basisEl(estimate) {
+  const basis = estimate && estimate.basis;
+  if (!basis) return null;
+  return h("span", {class: "basis", title: basis}, basisShort(basis));
+}
+
+/** An estimate's basis in a few words, to stand beside the estimate (the full sentence is the
+ * element's title and the job page's "Estimate basis"). */
+export function basisShort(basis) {
+  if (typeof basis !== "string" || !basis) return "";
+  const rules = [
+    [/^default run time of ([^:]+)/, (m) => `assumes a run of ${m[1]}: no similar job finished lately`],
+    [/^median run time of (\d+) \S+ jobs? on/, (m) => `median of ${m[1]} similar run${m[1] === "1" ? "" : "s"}`],
+    [/^median run time of the (\d+) similar/, (m) => `median of ${m[1]} longer similar run${m[1] === "1" ? "" : "s"}`],
+    [/^from the provider's progress/, () => "from Fireworks' reported progress"],
+    [/^the provider reports 100%/, () => "Fireworks reports 100%"],
+    [/^already running longer/, () => "running longer than similar jobs"],
+    [/^fixed run time of ([^;]+)/, (m) => `assumes ${m[1]}`],
+    [/^simulated strict-FIFO admission with (\d+) jobs? ahead.*else a default of ([^;]+)$/,
+      (m) => `simulated queue, ${m[1]} ahead; a run with no history counts ${m[2]}`],
+    [/^simulated strict-FIFO admission with (\d+) jobs? ahead/, (m) => `simulated queue, ${m[1]} ahead`],
+    [/^extrapolated: (\d+)/, (m) => `extrapolated, ${m[1]} ahead`],
+    [/^no estimate: (.*)$/, (m) => m[1]],
+  ];
+  for (const [re, say] of rules) {
+    const m = basis.match(re);
+    if (m) return say(m);
+  }
+  return basis;
 }
 
 export function fmtClock(date) {
@@ -151,7 +208,7 @@ export function progressBar(percent, label) {
   const bar = h("progress", {max: "100", "aria-label": label});
   if (value !== null) bar.value = value;
   return h("span", {class: "progress"}, bar,
-    h("span", {class: "progress-text"}, value === null ? "…" : `${Math.round(value)}%`));
+    h("span", {class: "progress-text"}, value === null ? "not reported yet" : `${Math.round(value)}%`));
 }
 
 /** A random Idempotency-Key (crypto.randomUUID needs a secure context; this does not). */

@@ -4,7 +4,7 @@
 // points, whatever the length of your history.
 
 import {barChart, lineChart} from "./charts.js";
-import {debounce, fmtClock, fmtDay, fmtDuration, h, swap} from "./dom.js";
+import {debounce, fmtClock, fmtDay, fmtDuration, h, swap, zoneName} from "./dom.js";
 
 const RANGES = [[2, "2 days"], [30, "30 days"], [90, "90 days"]];
 
@@ -54,7 +54,8 @@ export function mount(ctx) {
     const width = widthOf(mineCard);
     mine = swap(mine, h("div", {id: "charts-mine"},
       lineChart({
-        title: `Median queue wait and run time, last ${hist.days} days`,
+        title: `Median queue wait and run time, last ${hist.days} days` +
+          (hourly ? ` (times in ${zoneName()})` : ""),
         series: [{name: "queue wait (median)", points: pts("wait_p50_seconds")},
           {name: "run time (median)", points: pts("run_p50_seconds")}],
         yKind: "duration",
@@ -92,7 +93,7 @@ export function mount(ctx) {
       }, width);
     };
     gpus = swap(gpus, h("div", {id: "charts-gpus", class: wide ? "grid-2" : null},
-      chart(gpuDay, "GPUs in use, last 24 hours", fmtClock),
+      chart(gpuDay, `GPUs in use, last 24 hours (times in ${zoneName()})`, fmtClock),
       chart(gpuWeek, "GPUs in use, last 7 days", fmtDay)));
   }
 

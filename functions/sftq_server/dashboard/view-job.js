@@ -4,8 +4,8 @@
 
 import {ApiError} from "./api.js";
 import {
-  debounce, fmtDuration, fmtRelative, h, isUuid, jobHref, progressBar, providerLabel, randomKey,
-  shortId, stateBadge, swap, timeEl,
+  basisEl, debounce, fmtDuration, fmtMoney, fmtRelative, h, isUuid, jobHref, progressBar,
+  providerLabel, randomKey, shortId, stateBadge, swap, timeEl,
 } from "./dom.js";
 
 const EVENTS_PAGE = 100;
@@ -75,9 +75,9 @@ export function mount(ctx) {
       h("h2", {id: "ev-h"}, "Timeline"), timeline, moreButton),
     h("section", {"aria-labelledby": "pl-h", class: "card"},
       h("h2", {id: "pl-h"}, "Payload"),
-      h("p", {class: "muted"}, "The body sent to Fireworks, as stored. Values of keys that look ",
-        "like secrets (apiKey, token, password, secret) are replaced by [REDACTED] before they ",
-        "leave the database."),
+      h("p", {class: "muted"}, "The body sent to Fireworks, as stored. Values of keys that name ",
+        "a secret (API keys, access tokens, passwords, secrets, credentials) are replaced by ",
+        "[REDACTED] before they leave the database; token counts such as maxOutputTokens are shown."),
       payload));
 
   function drawRecord() {
@@ -119,8 +119,10 @@ export function mount(ctx) {
       list.push(field("Other users' jobs ahead", a.queue_position === null ? null
         : String(a.queue_position)));
       list.push(field("Estimated start (an estimate)", a.estimated_start_at
-        ? h("span", {}, timeEl(a.estimated_start_at), ` (${fmtRelative(a.estimated_start_at)})`)
-        : "none"));
+        ? h("span", {class: "details"},
+          h("span", {}, timeEl(a.estimated_start_at), ` (${fmtRelative(a.estimated_start_at)})`),
+          basisEl(a.estimate))
+        : h("span", {class: "details"}, "none", basisEl(a.estimate))));
     }
     if (job.state === "PROGRESS") {
       list.push(field("Provider state", providerLabel(a.provider_state) || "submitting"));
@@ -128,16 +130,22 @@ export function mount(ctx) {
         "Progress")));
       if (a.progress && a.progress.epoch !== null) list.push(field("Epoch", String(a.progress.epoch)));
       list.push(field("Estimated finish (an estimate)", a.estimated_finish_at
-        ? h("span", {}, timeEl(a.estimated_finish_at), ` (${fmtRelative(a.estimated_finish_at)})`)
+        ? h("span", {class: "details"},
+          h("span", {}, timeEl(a.estimated_finish_at), ` (${fmtRelative(a.estimated_finish_at)})`),
+          basisEl(a.estimate))
         : null));
     }
+    // The whole sentence once more, for who wants the detail behind the few words above.
     if (a.estimate && a.estimate.basis) list.push(field("Estimate basis", a.estimate.basis));
     list.push(field("Queue wait", a.queue_wait_seconds === null ? null
       : fmtDuration(a.queue_wait_seconds)));
     list.push(field("Run time", a.run_duration_seconds === null ? null
       : fmtDuration(a.run_duration_seconds)));
     list.push(field("GPU hours", a.gpu_hours === null ? null : String(a.gpu_hours)));
-    if (a.estimated_cost) list.push(field("Estimated cost", JSON.stringify(a.estimated_cost)));
+    if (a.estimated_cost) {
+      list.push(field("Estimated cost", h("span", {id: "job-cost"}, fmtMoney(a.estimated_cost),
+        h("span", {class: "muted"}, " (Fireworks' estimate)"))));
+    }
     parts.push(h("dl", {class: "fields"}, list));
     now = swap(now, h("section", {"aria-labelledby": "now-h", class: "card", id: "job-now"}, parts));
   }

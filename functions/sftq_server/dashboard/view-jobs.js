@@ -4,7 +4,7 @@
 // 10,000 jobs sees it at once); the details arrive after.
 
 import {
-  debounce, fmtDuration, fmtRelative, h, jobHref, progressBar, providerLabel, secondsBetween,
+  basisEl, debounce, fmtDuration, fmtRelative, h, jobHref, progressBar, providerLabel, secondsBetween,
   selectField, shortId, stateBadge, swap, timeEl,
 } from "./dom.js";
 
@@ -74,7 +74,8 @@ export function mount(ctx) {
           q.estimated_start_at
             ? h("span", {}, "estimated start ", timeEl(q.estimated_start_at),
               ` (${fmtRelative(q.estimated_start_at)}, an estimate)`)
-            : h("span", {}, q.estimate && q.estimate.basis ? q.estimate.basis : "no estimate")));
+            : h("span", {}, "no estimate")),
+        basisEl(q.estimate));
     }
     if (job.state === "PROGRESS") {
       const r = running.get(job.id);
@@ -86,7 +87,8 @@ export function mount(ctx) {
         r && r.estimated_finish_at
           ? h("span", {class: "meta"}, "estimated finish ", timeEl(r.estimated_finish_at),
             " (an estimate)")
-          : null);
+          : null,
+        r ? basisEl(r.estimate) : null);
     }
     if (job.state === "FAIL" && job.error) {
       return h("span", {class: "error-text", title: job.error},
@@ -159,7 +161,7 @@ export function mount(ctx) {
       tasks.push(api.get(`jobs/${job.id}/analytics`).then((a) => {
         if (gen !== generation) return;
         running.set(job.id, {provider_state: a.provider_state, progress: a.progress,
-          estimated_finish_at: a.estimated_finish_at});
+          estimated_finish_at: a.estimated_finish_at, estimate: a.estimate});
       }));
     }
     tasks.push(api.get("jobs/analytics/summary").then((sum) => {
@@ -231,8 +233,10 @@ export function mount(ctx) {
           refresh();
         }
       } else if (frame.event === "progress" && job) {
+        // A frame carries no basis: keep the one the analytics gave.
+        const before = running.get(id) || {};
         running.set(id, {provider_state: d.provider_state, progress: d.progress,
-          estimated_finish_at: d.estimated_finish_at});
+          estimated_finish_at: d.estimated_finish_at, estimate: before.estimate});
         redrawRow(id);
       } else if (frame.event === "queue" && job) {
         const q = queued.get(id) || {id};

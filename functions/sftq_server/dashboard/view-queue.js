@@ -1,7 +1,7 @@
 // The queue: the first jobs in line, in FIFO order (GET /queue). Your jobs are highlighted and
 // linked; other users' jobs show no name, id or payload, only kind, GPUs, reason and estimate.
 
-import {debounce, fmtRelative, h, jobHref, swap, timeEl} from "./dom.js";
+import {basisEl, debounce, fmtRelative, h, jobHref, swap, timeEl} from "./dom.js";
 
 const LIMIT = 25;
 
@@ -51,7 +51,7 @@ export function mount(ctx) {
             ? h("span", {}, timeEl(item.estimated_start_at),
               ` (${fmtRelative(item.estimated_start_at)}, an estimate)`)
             : h("span", {}, "No estimate"),
-          item.estimate ? h("span", {class: "meta"}, item.estimate.basis) : null)));
+          basisEl(item.estimate))));
     });
     table = swap(table, h("div", {class: "table-wrap"},
       items.length === 0 ? h("p", {}, "Nobody is waiting: the queue is empty.")

@@ -1,6 +1,7 @@
 // Submit: kind, display name, GPU count and the Fireworks payload as JSON. The API validates;
-// its 400 answers name the field each problem concerns (details: [{field, message}]), and each
-// message is shown beside its field. Only the payload's JSON syntax is checked here, since a
+// its 400 answers list every problem at once, each naming where (details: [{field?, path,
+// message}]: the field, or a path such as fireworks_payload.epochs), and every message is shown
+// beside its field. Only the payload's JSON syntax is checked here, since a
 // payload that does not parse cannot be sent as an object at all.
 
 import {ApiError} from "./api.js";
@@ -28,7 +29,7 @@ export function mount(ctx) {
       "aria-describedby": "help-fireworks_payload err-fireworks_payload"}),
   };
   const errors = Object.fromEntries(FIELDS.map((f) => [f,
-    h("p", {id: `err-${f}`, class: "field-error"})]));
+    h("div", {id: `err-${f}`, class: "field-error"})]));
   const summary = h("div", {id: "submit-summary", role: "alert", tabindex: "-1"});
   const button = h("button", {type: "submit", class: "primary", id: "submit-job"}, "Submit job");
 
@@ -42,7 +43,7 @@ export function mount(ctx) {
       "its turn comes and the GPU quota has room."),
     summary,
     fieldBlock("kind", "Kind"),
-    fieldBlock("display_name", "Display name", "Optional: a name to recognise it by."),
+    fieldBlock("display_name", "Display name", "Optional: a name to recognise it by. Left empty, the payload's displayName is used."),
     fieldBlock("gpu_count", "GPU count", "How many GPUs the job will use (1 to 64)."),
     fieldBlock("fireworks_payload", "Fireworks payload (JSON)",
       "The body you would send to Fireworks to create the job, as a JSON object."),
@@ -52,22 +53,27 @@ export function mount(ctx) {
   function clearErrors() {
     summary.replaceChildren();
     for (const f of FIELDS) {
-      errors[f].textContent = "";
+      errors[f].replaceChildren();
       inputs[f].removeAttribute("aria-invalid");
     }
   }
 
+  /** byField: field -> a message or a list of messages, each shown under its field. */
   function showErrors(byField, general) {
     const named = Object.keys(byField).filter((f) => FIELDS.includes(f));
+    let count = 0;
     for (const f of named) {
-      errors[f].textContent = byField[f];
+      const messages = [].concat(byField[f]);
+      count += messages.length;
+      errors[f].replaceChildren(messages.length === 1 ? messages[0]
+        : h("ul", {}, messages.map((m) => h("li", {}, m))));
       inputs[f].setAttribute("aria-invalid", "true");
     }
     const lines = [];
     if (general) lines.push(general);
-    if (named.length) {
-      lines.push(named.length === 1 ? "One field needs attention; the message is beside it."
-        : `${named.length} fields need attention; each message is beside its field.`);
+    if (count) {
+      lines.push(count === 1 ? "One problem needs fixing; the message is beside its field."
+        : `${count} problems need fixing; each message is beside its field.`);
     }
     summary.replaceChildren(...lines.map((t) => h("p", {class: "notice notice-error"}, t)));
     if (named.length) inputs[named[0]].focus();
@@ -106,12 +112,15 @@ export function mount(ctx) {
       const byField = {};
       if (Array.isArray(err.details)) {
         for (const d of err.details) {
-          if (d && typeof d.field === "string" && typeof d.message === "string") {
-            byField[d.field] = byField[d.field] ? `${byField[d.field]} ${d.message}` : d.message;
-          }
+          if (!d || typeof d.message !== "string") continue;
+          // The field it concerns: named, or the first step of its path
+          // (fireworks_payload.trainingConfig.epochs is the payload's).
+          const where = typeof d.field === "string" ? d.field
+            : typeof d.path === "string" ? d.path.split(/[.[]/, 1)[0] : "";
+          if (FIELDS.includes(where)) (byField[where] ||= []).push(d.message);
         }
       }
-      if (err.code === "missing_payload") byField.fireworks_payload = err.message;
+      if (err.code === "missing_payload") byField.fireworks_payload = [err.message];
       const general = Object.keys(byField).length ? null
         : `The job was not submitted: ${err.message}`;
       showErrors(byField, general);

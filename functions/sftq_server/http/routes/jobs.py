@@ -52,6 +52,7 @@ from sftq_server.http.models import (
     STATES,
     SUBMIT_FIELDS,
     SubmitRequest,
+    upper_ascii,
 )
 from sftq_server.http.web import JSON_HEADERS, Request, Response
 from sftq_server.preflight import Finding, ShapeReport, check_shape, findings_json
@@ -103,12 +104,14 @@ _FIELD_MESSAGES = {
 }
 
 
-def parse_submit(body: bytes) -> tuple[SubmitRequest, str]:
-    """Validate a POST /jobs body; answer the request and fireworks_payload as JSON text."""
+def parse_submit(body: bytes, check: bool = True) -> tuple[SubmitRequest, str]:
+    """Validate a POST /jobs body; answer the request and fireworks_payload as JSON text.
+    A body with field problems answers them all at once: with `check` (the pre-flight on), the
+    400 also lists the definite problems the shape check finds in its fireworks_payload."""
     try:
         req = SubmitRequest.model_validate_json(body)
     except ValidationError as exc:
-        raise _submit_error(exc) from None
+        raise _submit_error(exc, body if check else None) from None
     try:
         payload = json.dumps(req.fireworks_payload, ensure_ascii=False, allow_nan=False,
                              separators=(",", ":"))
@@ -132,7 +135,7 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
-def _submit_error(exc: ValidationError) -> SftqError:
+def _submit_error(exc: ValidationError, body: bytes | None = None) -> SftqError:
     errors = exc.errors(include_url=False, include_context=False)
     for err in errors:
         if err["type"] == "json_invalid":
@@ -159,8 +162,38 @@ def _submit_error(exc: ValidationError) -> SftqError:
         message = "kind is required" if (field, err["type"]) == ("kind", "missing") else \
             _FIELD_MESSAGES.get(field, err["msg"])
         if not any(d["field"] == field for d in details):
-            details.append({"field": field, "message": message})
+            # `path` as the pre-flight's findings name where (issue 54.13); `field` stays.
+            details.append({"field": field, "path": field, "message": message})
+    if body is not None:
+        details.extend(_payload_problems(body, {d["field"] for d in details}))
     return BadRequest("; ".join(d["message"] for d in details), detail=details)
+
+
+def _payload_problems(body: bytes, bad_fields: set[str]) -> list[dict[str, str]]:
+    """The shape check's definite findings in a body whose other fields are wrong, so that one
+    answer names every problem: only when the kind and the payload are themselves well-formed
+    (the check needs both) and the body does not turn the check off."""
+    if bad_fields & {"kind", "fireworks_payload", "validate"}:
+        return []
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return []
+    kind = upper_ascii(data.get("kind")) if isinstance(data, dict) else None
+    payload = data.get("fireworks_payload") if isinstance(data, dict) else None
+    if kind not in KINDS or not isinstance(payload, dict) or data.get("validate", "on") != "on":
+        return []
+    return [{"field": "fireworks_payload", **f.as_json()}
+            for f in check_shape(str(kind), payload).errors]
+
+
+def default_display_name(payload: dict[str, Any]) -> str | None:
+    """The name a job gets when the request gives none: the payload's own `displayName` (the
+    name Fireworks shows), cut to the display-name limit; None when it has none."""
+    name = payload.get("displayName")
+    if not isinstance(name, str) or not name.strip():
+        return None
+    return name[:MAX_DISPLAY_NAME]
 
 
 def submit_headers(request: Request) -> tuple[bytes, str | None]:
@@ -207,10 +240,13 @@ def submit_params(key_hash: bytes, idem: str | None, body: bytes,
                   check: bool = True) -> tuple[Params, Preflight]:
     """POST /jobs: what the group commit takes, from the checked headers and the body, and
     the pre-flight shape check's findings (its definite errors are the 400)."""
-    req, payload = parse_submit(body)
+    req, payload = parse_submit(body, check)
     report = preflight(req, check)
     outcome = None if not check else "skipped" if req.validate_ == "off" else "pending"
-    return (key_hash, req.kind, payload, req.display_name, req.gpu_count, idem,
+    name = req.display_name
+    if name is None:
+        name = default_display_name(req.fireworks_payload)
+    return (key_hash, req.kind, payload, name, req.gpu_count, idem,
             req.queue_timeout_seconds), Preflight(req, report.warnings, outcome=outcome)
 
 

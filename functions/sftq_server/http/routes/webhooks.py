@@ -134,7 +134,7 @@ def _create_error(exc: ValidationError) -> BadRequest:
         if field == "url" and err["type"] != "missing":
             message = "url must be a string"
         if not any(d["field"] == field for d in details):
-            details.append({"field": field, "message": message})
+            details.append({"field": field, "path": field, "message": message})
     return BadRequest("; ".join(d["message"] for d in details), detail=details)
 
 
