@@ -138,7 +138,7 @@ def test_embedded_stack_runs_stops_cleanly_and_restarts_with_its_state(
 
     env_file = data_dir / "env"
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
-    file_lines = [ln for ln in env_file.read_text().splitlines() if "=" in ln]
+    file_lines = [ln for ln in env_file.read_text().splitlines() if re.match(r"[A-Z_]+=", ln)]
     assert file_lines == dev.lines[:-1]
 
     pg_pid = postmaster_pid(data_dir)
