@@ -331,8 +331,12 @@ class Simulator(SimState):
             state = body.get("state")
             if not isinstance(state, str):
                 raise ValueError("state is required")
+            unknown = set(body) - {"state", "message", "code"}
+            if unknown:
+                raise ValueError(f"unknown fields: {', '.join(sorted(unknown))}")
             job = self.finish(
-                parts[3], parts[4].removesuffix(":finish"), state, body.get("message")
+                parts[3], parts[4].removesuffix(":finish"), state, body.get("message"),
+                body.get("code"),
             )
             return 200, job, {}
         raise HttpError(404, f"no such control path: {method} {route}")
