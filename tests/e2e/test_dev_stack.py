@@ -7,6 +7,7 @@ import re
 import signal
 import socket
 import stat
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from conftest import (
     ENV_NAMES,
     SFT_PAYLOAD,
+    DevProcess,
     DevStacks,
     alive,
     clean_env,
@@ -403,3 +405,50 @@ def test_fireworks_provider_uses_the_fireworks_settings(
         dev.send(signal.SIGTERM)
         assert dev.wait() == 0, dev.log()
         assert_all_gone(dev.seen_pids)
+
+
+def test_a_restart_changes_nothing_a_user_can_see(
+    stacks: DevStacks, db_url: str, http: httpx.Client, tmp_path: Path
+) -> None:
+    # Issue 54 item 1: the simulator kept its jobs in memory, so after a restart every PROGRESS
+    # job was CANCELLED ("provider reported NOT_FOUND"). Simulated jobs run 25 s here.
+    data_dir = tmp_path / "data"
+    port, sim_port = free_port(), free_port()
+
+    def start() -> tuple[DevProcess, dict[str, str]]:
+        dev = stacks.start(data_dir, database_url=db_url, port=port, simulator_port=sim_port,
+                           job_seconds=25)
+        return dev, dev.wait_ready()
+
+    def stop(dev: DevProcess) -> None:
+        dev.send(signal.SIGTERM)
+        assert dev.wait() == 0, dev.log()
+        # Stopping is quiet: no asyncio task left pending in any child.
+        assert "Task was destroyed" not in dev.log(), dev.log()
+
+    dev, values = start()
+    started = time.monotonic()
+    job_id = submit(http, values)
+    tick(http, values)
+    before = get_job(http, values, job_id)
+    assert before["state"] == "PROGRESS", before
+    stop(dev)
+
+    # Up again within the job's run: still running, at Fireworks and in the queue.
+    dev, values = start()
+    tick(http, values)
+    after = get_job(http, values, job_id)
+    assert after["state"] == "PROGRESS", after
+    assert after["error"] is None and after["fireworks_job_name"] == before["fireworks_job_name"]
+    stop(dev)
+
+    # Down until the job's run time has passed: it finished while the stack was down, and the
+    # next tick records it.
+    time.sleep(max(0.0, 26 - (time.monotonic() - started)))
+    dev, values = start()
+    tick(http, values)
+    done = get_job(http, values, job_id)
+    assert done["state"] == "SUCCESS", done
+    stop(dev)
+    # The simulated account lives in the data dir, next to the database's files.
+    assert (data_dir / "simulator.json").is_file()
