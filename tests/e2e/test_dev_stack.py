@@ -452,3 +452,27 @@ def test_a_restart_changes_nothing_a_user_can_see(
     stop(dev)
     # The simulated account lives in the data dir, next to the database's files.
     assert (data_dir / "simulator.json").is_file()
+
+
+def test_two_stacks_started_at_once_each_get_their_own_database_port(
+    stacks: DevStacks, tmp_path: Path
+) -> None:
+    # Issue 54 item 15: two `sftq dev` in two folders, started together, both found the
+    # database's port free before either had bound it (initdb takes seconds), and the second
+    # failed. Both folders want the same port here, as both want 54329 on a first start.
+    wanted = free_port()
+    dirs = [tmp_path / "one", tmp_path / "two"]
+    for folder in dirs:
+        folder.mkdir()
+        (folder / "pg.port").write_text(f"{wanted}\n")
+    devs = [stacks.start(folder) for folder in dirs]
+    values = [dev.wait_ready() for dev in devs]
+    ports = {int((folder / "pg.port").read_text()) for folder in dirs}
+    assert len(ports) == 2 and wanted in ports, (ports, [dev.log() for dev in devs])
+    for folder, vals in zip(dirs, values, strict=True):
+        port = int((folder / "pg.port").read_text())
+        assert vals["DATABASE_URL"].endswith(f"@127.0.0.1:{port}/sftq"), vals
+        assert httpx.get(f"{vals['SUPABASE_URL']}/functions/v1/jobs-api/health").status_code == 200
+    for dev in devs:
+        dev.send(signal.SIGTERM)
+        assert dev.wait() == 0, dev.log()

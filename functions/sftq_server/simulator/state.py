@@ -25,6 +25,7 @@ from sftq_server.simulator.resources import RateLimit, Resources
 from sftq_server.simulator.rules import DEFAULT_TIMEOUT_SECONDS, Faults
 from sftq_server.simulator.store import read_state, write_state
 from sftq_server.simulator.validation import (
+    OUTPUT_ONLY,
     HttpError,
     integer,
     job_epochs,
@@ -91,19 +92,6 @@ STATUS_CODES = frozenset({
     "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
     "UNAUTHENTICATED"})
 
-_OUTPUT_ONLY = frozenset(
-    {
-        "name",
-        "state",
-        "status",
-        "createTime",
-        "updateTime",
-        "completedTime",
-        "createdBy",
-        "jobProgress",
-        "estimatedCost",
-    }
-)
 
 # What a simulated GPU-hour costs, for `estimatedCost` (a made-up figure, in USD).
 GPU_HOUR_USD = 2.5
@@ -254,7 +242,7 @@ class SimState:
     def _resource(self, job: SimJob, now: float) -> dict[str, Any]:
         state, since = self._state(job, now)
         # Output-only fields in a create body are ignored by Fireworks, never echoed.
-        resource = {k: copy.deepcopy(v) for k, v in job.payload.items() if k not in _OUTPUT_ONLY}
+        resource = {k: copy.deepcopy(v) for k, v in job.payload.items() if k not in OUTPUT_ONLY}
         resource.setdefault("displayName", job.job_id)
         resource["name"] = f"accounts/{self.account_id}/{job.collection}/{job.job_id}"
         resource["state"] = state
