@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -476,3 +477,41 @@ def test_two_stacks_started_at_once_each_get_their_own_database_port(
     for dev in devs:
         dev.send(signal.SIGTERM)
         assert dev.wait() == 0, dev.log()
+
+
+def test_stopping_while_an_mcp_call_waits_leaves_no_task_pending(
+    stacks: DevStacks, db_url: str, http: httpx.Client
+) -> None:
+    # Issue 54 item 11: "Task was destroyed but it is pending!" on stop, after an MCP client
+    # had used the stack: the MCP loop was closed with a call's task still pending (here a
+    # wait_for_job that streams its progress, as an agent leaves one running).
+    import threading
+
+    dev = stacks.start(database_url=db_url)
+    values = dev.wait_ready()
+    job_id = submit(http, values)  # QUEUED, and no ticker: the wait outlasts the stack
+    url = f"{values['SUPABASE_URL']}/functions/v1/mcp"
+    headers = {"Authorization": f"Bearer {values['SFTQ_API_KEY']}",
+               "Accept": "application/json, text/event-stream",
+               "Content-Type": "application/json"}
+    opened = threading.Event()
+
+    def call() -> None:
+        with contextlib.suppress(httpx.HTTPError), httpx.Client(timeout=60) as client, \
+                client.stream("POST", url, headers=headers, json={
+                    "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                        "name": "wait_for_job", "_meta": {"progressToken": "p"},
+                        "arguments": {"job_id": job_id, "timeout_seconds": 600}}}) as stream:
+            opened.set()
+            for _ in stream.iter_bytes():
+                pass
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert opened.wait(15)
+    time.sleep(1.0)
+    dev.send(signal.SIGTERM)
+    assert dev.wait() == 0, dev.log()
+    caller.join(15)
+    assert "Task was destroyed" not in dev.log(), dev.log()
+    assert "Traceback" not in dev.log(), dev.log()
