@@ -17,7 +17,8 @@ if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
   echo "creating virtual environment in $3"
   mkdir -p "$3/bin"
   cp "$0" "$3/bin/python"
-  printf '#!/bin/sh\\necho SUPABASE_URL=http://127.0.0.1:8080\\necho ready\\necho "sftq dev: progress" >&2\\n' > "$3/bin/sftq"
+  { echo '#!/bin/sh'; echo 'echo SUPABASE_URL=http://127.0.0.1:8080; echo ready'
+    echo 'echo "sftq dev: progress" >&2'; } > "$3/bin/sftq"
   chmod +x "$3/bin/sftq"
   exit 0
 fi

@@ -147,7 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="sftq-simulator",
-        description="A Fireworks control plane (in memory, or kept in --state-file), served over real HTTP.",
+        description="A Fireworks control plane (in memory, or kept in --state-file), served "
+        "over real HTTP.",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8089)
