@@ -139,3 +139,16 @@ def test_an_unreadable_state_file_is_a_clear_error(tmp_path: Path) -> None:
     path.write_text('{"version": 99}')
     with pytest.raises(StateFileError, match="not a version 1 state"):
         Simulator(state_file=path)
+    path.write_text('{"version": 1, "jobs": [{"collection": "dpoJobs"}]}')
+    with pytest.raises(StateFileError, match="could not be read back.*remove it"):
+        Simulator(state_file=path)
+
+
+def test_a_scripted_rule_spent_before_the_restart_stays_spent(tmp_path: Path) -> None:
+    path = tmp_path / "simulator.json"
+    with running(Simulator(clock=FakeClock(), state_file=path)) as http:
+        http.post("/_sim/faults", json={"rules": [
+            {"method": "GET", "path": "/quotas", "status": 503, "times": 1}]})
+        assert http.get(f"{BASE}/quotas").status_code == 503
+    with running(Simulator(clock=FakeClock(), state_file=path)) as http:
+        assert http.get(f"{BASE}/quotas").status_code == 200

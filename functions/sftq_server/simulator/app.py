@@ -110,6 +110,8 @@ class Simulator(SimState):
             faults = self._faults
             fault: str | None = None
             rule = faults.scripted(method, path)
+            if rule is not None and rule.times is not None:
+                self._save()  # one of its answers is spent: a restart must not give it again
             wait = self._rate.admit(self._now()) if rule is None else None
             if rule is not None:
                 fault = "rule"

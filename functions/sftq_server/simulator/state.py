@@ -23,7 +23,7 @@ from typing import Any
 
 from sftq_server.simulator.resources import RateLimit, Resources
 from sftq_server.simulator.rules import DEFAULT_TIMEOUT_SECONDS, Faults
-from sftq_server.simulator.store import read_state, write_state
+from sftq_server.simulator.store import StateFileError, read_state, write_state
 from sftq_server.simulator.validation import (
     OUTPUT_ONLY,
     HttpError,
@@ -161,7 +161,14 @@ class SimState:
         if self.state_file is not None:
             saved = read_state(self.state_file)
             if saved is not None:
-                self._restore(saved)
+                try:
+                    self._restore(saved)
+                except (KeyError, TypeError, ValueError) as exc:
+                    self._reset_locked()
+                    raise StateFileError(
+                        f"the simulator's state file {self.state_file} could not be read back "
+                        f"({type(exc).__name__}: {exc}); remove it to start with an empty "
+                        "account") from exc
 
     def _reset_locked(self) -> None:
         self._jobs: dict[tuple[str, str], SimJob] = {}
@@ -746,5 +753,7 @@ class SimState:
             self._resources.update({"known_only": bool(resources.get("known_only", False)),
                                     "resources": resources.get("resources") or {}})
             self._rate.update({"rpm": (saved.get("rate_limit") or {}).get("rpm")})
-            faults = saved.get("faults") or {}
-            self._faults = Faults.build(**faults) if faults else Faults()
+            faults = dict(saved.get("faults") or {})
+            # A scripted rule whose answers are all spent is kept as spent: left out.
+            faults["rules"] = [r for r in faults.get("rules") or [] if r.get("times") != 0]
+            self._faults = Faults.build(**faults)
