@@ -9,6 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -530,15 +531,17 @@ def test_a_users_mistake_fails_permanent_and_a_platform_fault_retryable(
     tick()
     tick()
     assert state(conn, mistake) == state(conn, fault) == "PROGRESS"
-    sim_control(sim_server.url, f"/_sim/jobs/SFT/{pid(mistake)}:finish", {
-        "state": "JOB_STATE_FAILED", "code": "FAILED_PRECONDITION",
-        "message": "dataset accounts/a/datasets/d has 3 rows; at least 16 are required"})
-    sim_control(sim_server.url, f"/_sim/jobs/SFT/{pid(fault)}:finish", {
-        "state": "JOB_STATE_FAILED", "message": "the training node was lost"})
+    # The two bodies docs/dev.md shows, as written there: a user's mistake, a platform fault.
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "dev.md").read_text(encoding="utf-8")
+    bodies = [json.loads(line) for line in doc.splitlines()
+              if line.startswith('{"state": "JOB_STATE_FAILED"')]
+    assert len(bodies) == 2 and "code" in bodies[0] and "code" not in bodies[1], bodies
+    sim_control(sim_server.url, f"/_sim/jobs/SFT/{pid(mistake)}:finish", bodies[0])
+    sim_control(sim_server.url, f"/_sim/jobs/SFT/{pid(fault)}:finish", bodies[1])
     tick()
     user_error, platform = job(conn, mistake), job(conn, fault)
     assert (user_error["state"], user_error["failure_class"]) == ("FAIL", "permanent")
-    assert "has 3 rows" in user_error["error"]
+    assert bodies[0]["message"] in user_error["error"]
     assert (platform["state"], platform["failure_class"]) == ("FAIL", "retryable")
 
 
