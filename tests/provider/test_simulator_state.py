@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -152,3 +156,40 @@ def test_a_scripted_rule_spent_before_the_restart_stays_spent(tmp_path: Path) ->
         assert http.get(f"{BASE}/quotas").status_code == 503
     with running(Simulator(clock=FakeClock(), state_file=path)) as http:
         assert http.get(f"{BASE}/quotas").status_code == 200
+
+
+def _sftq_simulator(*args: str) -> subprocess.Popen[str]:
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(root / "functions"), str(root / "clients")])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "sftq_client", "simulator", "--port", "0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+
+
+def test_sftq_simulator_takes_a_state_file(tmp_path: Path) -> None:
+    path = tmp_path / "sim.json"
+    for run in (1, 2):
+        proc = _sftq_simulator("--state-file", str(path))
+        try:
+            assert proc.stdout is not None
+            url = proc.stdout.readline().strip().rsplit(" ", 1)[-1]
+            with httpx.Client(base_url=url, headers={"Authorization": "Bearer k"},
+                              timeout=5.0) as http:
+                if run == 1:
+                    r = http.post(f"{BASE}/dpoJobs", params={"dpoJobId": "kept"},
+                                  json={"dataset": "d"})
+                    assert r.status_code == 200, r.text
+                else:
+                    assert job(http, "dpoJobs", "kept")["state"] != "JOB_STATE_CANCELLED"
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=10)
+            assert proc.returncode == 0, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    path.write_text("{broken")
+    proc = _sftq_simulator("--state-file", str(path))
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2 and "sim.json is not valid JSON" in err, err
