@@ -6,16 +6,19 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv dev test lint bench clean
 
+# Silent (@) and onto stderr: `make dev`'s stdout is sftq dev's KEY=value lines and `ready`
+# only (docs/dev.md), even on the first run, when the venv is made and installed.
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,embedded]'
-	touch $(STAMP)
+	@echo "making $(VENV) and installing the project into it (once)" >&2
+	@$(PYTHON) -m venv $(VENV) >&2
+	@$(PY) -m pip install -q --upgrade pip >&2
+	@$(PY) -m pip install -q -e '.[dev,embedded]' >&2
+	@touch $(STAMP)
 
 venv: $(STAMP)
 
 dev: $(STAMP)
-	$(VENV)/bin/sftq dev
+	@$(VENV)/bin/sftq dev
 
 test: $(STAMP)
 	$(PY) tests/run.py

@@ -26,6 +26,20 @@ def e2e_helpers() -> ModuleType:
     return sys.modules[name]
 
 
+
+def minimal_payload(kind: str) -> dict[str, Any]:
+    """A small body of the kind's own shape: the simulator refuses another kind's fields (an
+    SFT body's top-level baseModel on a DPO job), as Fireworks does."""
+    model = "accounts/fireworks/models/qwen3-14b"
+    dataset = "accounts/demo/datasets/dash"
+    if kind.upper() == "SFT":
+        return {"baseModel": model, "dataset": dataset}
+    if kind.upper() == "DPO":
+        return {"dataset": dataset, "trainingConfig": {"baseModel": model}}
+    return {"dataset": dataset, "evaluator": "accounts/demo/evaluators/dash",
+            "trainingConfig": {"baseModel": model},
+            "inferenceParameters": {"responseCandidatesCount": 4}}
+
 class Stack:
     """A live `sftq dev` (ticks fired by the test, simulated jobs finished through /_sim)."""
 
@@ -52,8 +66,7 @@ class Stack:
                payload: dict[str, Any] | None = None, kind: str = "SFT") -> str:
         r = self.http.post(f"{self.api}/jobs", headers=self.auth(key), json={
             "kind": kind, "display_name": name, "gpu_count": gpus,
-            "fireworks_payload": payload or {"baseModel": "accounts/fireworks/models/qwen3-14b",
-                                             "dataset": "accounts/demo/datasets/dash"}})
+            "fireworks_payload": payload or minimal_payload(kind)})
         assert r.status_code == 201, r.text
         job_id: str = r.json()["id"]
         return job_id

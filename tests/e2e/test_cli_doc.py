@@ -1,56 +1,65 @@
-"""docs/cli.md: every block marked `runnable`, run verbatim in one shell against a live
-`sftq dev`, from the root of the checkout (where examples/ is), as the page says."""
+"""docs/cli.md and README.md: every block marked `runnable`, run verbatim in one shell against a
+live `sftq dev`, as the pages say: in a folder that has examples/, after `source .sftq/env` and
+nothing else (no `sftq` on PATH beforehand: the env file puts it there)."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 from conftest import ROOT, DevStacks, clean_env
 
 DOC = ROOT / "docs" / "cli.md"
+README = ROOT / "README.md"
 BLOCK = re.compile(r"^```bash runnable\n(.*?)^```$", re.S | re.M)
 
 
-def runnable_blocks() -> list[str]:
-    blocks = BLOCK.findall(DOC.read_text(encoding="utf-8"))
-    assert len(blocks) >= 8, "docs/cli.md lost its runnable blocks"
+def runnable_blocks(doc: Path = DOC, at_least: int = 8) -> list[str]:
+    blocks = BLOCK.findall(doc.read_text(encoding="utf-8"))
+    assert len(blocks) >= at_least, f"{doc.name} lost its runnable blocks"
     return blocks
 
 
-def sftq_on_path(tmp_path: Path) -> str:
-    """A `sftq` command for the shell: this interpreter's, whatever is installed."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    shim = bin_dir / "sftq"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m sftq_client "$@"\n')
-    shim.chmod(0o755)
-    return str(bin_dir)
+def shell_env() -> dict[str, str]:
+    """A shell as a new user has it: no stack settings, and no `sftq` on PATH."""
+    env = clean_env()
+    folders = env.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+    env["PATH"] = os.pathsep.join(
+        f for f in folders if f and not os.access(os.path.join(f, "sftq"), os.X_OK)
+    )
+    return env
+
+
+def run_sourced(work: Path, blocks: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    script = "set -euo pipefail\nsource .sftq/env\n" + "\n".join(blocks)
+    return subprocess.run(
+        ["bash", "-c", script],
+        cwd=work,
+        env=shell_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_the_runnable_blocks_of_cli_md_work_verbatim(stacks: DevStacks, tmp_path: Path) -> None:
     # A ticker, and simulated jobs short enough for `submit --wait` to see one through, long
-    # enough that the first job is still running when the page cancels it.
-    dev = stacks.start(tick_interval=1, job_seconds=15)
+    # enough that the first job is still running when the page cancels it. A folder like the
+    # checkout's root: the stack's data in .sftq, the sample payloads in examples/.
+    work = tmp_path / "checkout"
+    work.mkdir()
+    (work / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
+    dev = stacks.start(work / ".sftq", cwd=work, tick_interval=1, job_seconds=15)
     values = dev.wait_ready()
-    env = clean_env(SUPABASE_URL=values["SUPABASE_URL"], SFTQ_API_KEY=values["SFTQ_API_KEY"])
-    env["PATH"] = f"{sftq_on_path(tmp_path)}:{env.get('PATH', '/usr/bin:/bin')}"
 
-    script = "set -euo pipefail\n" + "\n".join(runnable_blocks())
-    run = subprocess.run(
-        ["bash", "-c", script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    run = run_sourced(work, runnable_blocks(), timeout=240)
     assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr}\n{dev.log()}"
+    assert "Traceback" not in run.stderr, run.stderr
     out = run.stdout
     job = re.search(r"^queued ([0-9a-f-]{36})$", out, re.M)
     assert job, out
@@ -72,6 +81,12 @@ def test_the_runnable_blocks_of_cli_md_work_verbatim(stacks: DevStacks, tmp_path
         headers={"Authorization": f"Bearer {values['SFTQ_API_KEY']}"},
     ).json()
     assert first["state"] == "CANCELLED" and first["started_at"] is not None, first
+
+    # README's CLI block, in a shell that only sourced the env file.
+    readme = run_sourced(work, runnable_blocks(README, at_least=1), timeout=120)
+    assert readme.returncode == 0, f"stdout:\n{readme.stdout}\nstderr:\n{readme.stderr}"
+    assert re.search(r"^state:\s+SUCCESS$", readme.stdout, re.M), readme.stdout
+    assert "Traceback" not in readme.stderr, readme.stderr
 
     dev.send(signal.SIGTERM)
     assert dev.wait() == 0, dev.log()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import socket
 import stat
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 from conftest import (
     ENV_NAMES,
     SFT_PAYLOAD,
+    DevProcess,
     DevStacks,
     alive,
     clean_env,
@@ -138,7 +141,7 @@ def test_embedded_stack_runs_stops_cleanly_and_restarts_with_its_state(
 
     env_file = data_dir / "env"
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
-    file_lines = [ln for ln in env_file.read_text().splitlines() if "=" in ln]
+    file_lines = [ln for ln in env_file.read_text().splitlines() if re.match(r"[A-Z_]+=", ln)]
     assert file_lines == dev.lines[:-1]
 
     pg_pid = postmaster_pid(data_dir)
@@ -403,3 +406,112 @@ def test_fireworks_provider_uses_the_fireworks_settings(
         dev.send(signal.SIGTERM)
         assert dev.wait() == 0, dev.log()
         assert_all_gone(dev.seen_pids)
+
+
+def test_a_restart_changes_nothing_a_user_can_see(
+    stacks: DevStacks, db_url: str, http: httpx.Client, tmp_path: Path
+) -> None:
+    # Issue 54 item 1: the simulator kept its jobs in memory, so after a restart every PROGRESS
+    # job was CANCELLED ("provider reported NOT_FOUND"). Simulated jobs run 25 s here.
+    data_dir = tmp_path / "data"
+    port, sim_port = free_port(), free_port()
+
+    def start() -> tuple[DevProcess, dict[str, str]]:
+        dev = stacks.start(data_dir, database_url=db_url, port=port, simulator_port=sim_port,
+                           job_seconds=25)
+        return dev, dev.wait_ready()
+
+    def stop(dev: DevProcess) -> None:
+        dev.send(signal.SIGTERM)
+        assert dev.wait() == 0, dev.log()
+        # Stopping is quiet: no asyncio task left pending in any child.
+        assert "Task was destroyed" not in dev.log(), dev.log()
+
+    dev, values = start()
+    started = time.monotonic()
+    job_id = submit(http, values)
+    tick(http, values)
+    before = get_job(http, values, job_id)
+    assert before["state"] == "PROGRESS", before
+    stop(dev)
+
+    # Up again within the job's run: still running, at Fireworks and in the queue.
+    dev, values = start()
+    tick(http, values)
+    after = get_job(http, values, job_id)
+    assert after["state"] == "PROGRESS", after
+    assert after["error"] is None and after["fireworks_job_name"] == before["fireworks_job_name"]
+    stop(dev)
+
+    # Down until the job's run time has passed: it finished while the stack was down, and the
+    # next tick records it.
+    time.sleep(max(0.0, 26 - (time.monotonic() - started)))
+    dev, values = start()
+    tick(http, values)
+    done = get_job(http, values, job_id)
+    assert done["state"] == "SUCCESS", done
+    stop(dev)
+    # The simulated account lives in the data dir, next to the database's files.
+    assert (data_dir / "simulator.json").is_file()
+
+
+def test_two_stacks_started_at_once_each_get_their_own_database_port(
+    stacks: DevStacks, tmp_path: Path
+) -> None:
+    # Issue 54 item 15: two `sftq dev` in two folders, started together, both found the
+    # database's port free before either had bound it (initdb takes seconds), and the second
+    # failed. Both folders want the same port here, as both want 54329 on a first start.
+    wanted = free_port()
+    dirs = [tmp_path / "one", tmp_path / "two"]
+    for folder in dirs:
+        folder.mkdir()
+        (folder / "pg.port").write_text(f"{wanted}\n")
+    devs = [stacks.start(folder) for folder in dirs]
+    values = [dev.wait_ready() for dev in devs]
+    ports = {int((folder / "pg.port").read_text()) for folder in dirs}
+    assert len(ports) == 2 and wanted in ports, (ports, [dev.log() for dev in devs])
+    for folder, vals in zip(dirs, values, strict=True):
+        port = int((folder / "pg.port").read_text())
+        assert vals["DATABASE_URL"].endswith(f"@127.0.0.1:{port}/sftq"), vals
+        assert httpx.get(f"{vals['SUPABASE_URL']}/functions/v1/jobs-api/health").status_code == 200
+    for dev in devs:
+        dev.send(signal.SIGTERM)
+        assert dev.wait() == 0, dev.log()
+
+
+def test_stopping_while_an_mcp_call_waits_leaves_no_task_pending(
+    stacks: DevStacks, db_url: str, http: httpx.Client
+) -> None:
+    # Issue 54 item 11: "Task was destroyed but it is pending!" on stop, after an MCP client
+    # had used the stack: the MCP loop was closed with a call's task still pending (here a
+    # wait_for_job that streams its progress, as an agent leaves one running).
+    import threading
+
+    dev = stacks.start(database_url=db_url)
+    values = dev.wait_ready()
+    job_id = submit(http, values)  # QUEUED, and no ticker: the wait outlasts the stack
+    url = f"{values['SUPABASE_URL']}/functions/v1/mcp"
+    headers = {"Authorization": f"Bearer {values['SFTQ_API_KEY']}",
+               "Accept": "application/json, text/event-stream",
+               "Content-Type": "application/json"}
+    opened = threading.Event()
+
+    def call() -> None:
+        with contextlib.suppress(httpx.HTTPError), httpx.Client(timeout=60) as client, \
+                client.stream("POST", url, headers=headers, json={
+                    "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                        "name": "wait_for_job", "_meta": {"progressToken": "p"},
+                        "arguments": {"job_id": job_id, "timeout_seconds": 600}}}) as stream:
+            opened.set()
+            for _ in stream.iter_bytes():
+                pass
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert opened.wait(15)
+    time.sleep(1.0)
+    dev.send(signal.SIGTERM)
+    assert dev.wait() == 0, dev.log()
+    caller.join(15)
+    assert "Task was destroyed" not in dev.log(), dev.log()
+    assert "Traceback" not in dev.log(), dev.log()

@@ -117,6 +117,46 @@ def test_validation_matches_fireworks(http: httpx.Client) -> None:
     assert "responseCandidatesCount" in message
 
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_the_body_must_be_the_kinds_own_shape(http: httpx.Client) -> None:
+    # Issue 54 item 8: an SFT body sent as DPO used to succeed. Fireworks' JSON parsing refuses
+    # a field the kind's message does not have, and a value of the wrong type.
+    sft = json.loads((EXAMPLES / "sft.json").read_text())
+    message = _google_error(_create(http, "dpoJobs", "sft-as-dpo", sft), 400, 3)
+    assert 'unknown field "baseModel"' in message, message
+    message = _google_error(_create(http, "reinforcementFineTuningJobs", "sft-as-rft", sft), 400, 3)
+    assert "unknown field" in message, message
+    dpo = json.loads((EXAMPLES / "dpo.json").read_text())
+    message = _google_error(_create(http, "supervisedFineTuningJobs", "dpo-as-sft", dpo), 400, 3)
+    assert 'unknown field "trainingConfig"' in message, message
+    # Nested fields and types are checked too.
+    wrong = {**dpo, "trainingConfig": {**dpo["trainingConfig"], "epoch": 2}}
+    message = _google_error(_create(http, "dpoJobs", "nested", wrong), 400, 3)
+    assert 'unknown field "trainingConfig.epoch"' in message, message
+    wrong = {**sft, "epochs": "two"}
+    message = _google_error(_create(http, "supervisedFineTuningJobs", "typed", wrong), 400, 3)
+    assert "epochs" in message and "integer" in message, message
+    wrong = {**dpo, "lossConfig": {"method": "DPOO"}}
+    message = _google_error(_create(http, "dpoJobs", "enum", wrong), 400, 3)
+    assert "lossConfig.method" in message, message
+    assert http.get(f"{BASE}/dpoJobs/sft-as-dpo").status_code == 404  # nothing was made
+    # What the proto3 JSON mapping allows passes: an int64 as a string, null, and output-only
+    # fields of a resource read back (ignored).
+    fine = {**sft, "epochs": "2", "loraRank": None, "state": "JOB_STATE_RUNNING"}
+    assert _create(http, "supervisedFineTuningJobs", "lenient", fine).status_code == 200
+
+
+@pytest.mark.parametrize("kind", ["sft", "dpo", "rft"])
+def test_the_example_payloads_are_accepted_by_their_kind(http: httpx.Client, kind: str) -> None:
+    collection = {"sft": "supervisedFineTuningJobs", "dpo": "dpoJobs",
+                  "rft": "reinforcementFineTuningJobs"}[kind]
+    body = json.loads((EXAMPLES / f"{kind}.json").read_text())
+    r = _create(http, collection, f"example-{kind}", body)
+    assert r.status_code == 200, r.text
+
+
 def test_duplicate_id_is_409(http: httpx.Client) -> None:
     assert _create(http, "supervisedFineTuningJobs", "dup", SFT).status_code == 200
     message = _google_error(_create(http, "supervisedFineTuningJobs", "dup", SFT), 409, 6)
@@ -385,11 +425,15 @@ def test_usage_counts_gpus_of_running_jobs(
         headers={"X-Sftq-Gpu-Count": "8"},
     )
     _create(http, "dpoJobs", "default4", {"dataset": "d"})
-    _create(
-        http,
-        "reinforcementFineTuningJobs",
-        "hint",
-        {**RFT, "nodeCount": 2, "trainingConfig": {"acceleratorCount": 8}},
+    # acceleratorCount is no field of Fireworks' RFT body: refused, as Fireworks refuses it.
+    refused = _create(http, "reinforcementFineTuningJobs", "hint",
+                      {**RFT, "nodeCount": 2, "trainingConfig": {"acceleratorCount": 8}})
+    assert "trainingConfig.acceleratorCount" in _google_error(refused, 400, 3)
+    http.post(
+        f"{BASE}/reinforcementFineTuningJobs",
+        params={"reinforcementFineTuningJobId": "hint"},
+        json={**RFT, "nodeCount": 2},
+        headers={"X-Sftq-Gpu-Count": "16"},
     )
     assert usage() == 8 + 4 + 16
     sim.set_quota(external_usage=3)

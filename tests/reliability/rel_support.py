@@ -37,8 +37,8 @@ FW_KEY = "fw-REL-provider-key-7a11ce5ecre7"
 TICK_SECRET = "rel-tick-secret-0f1e2d3c4b5a69788796a5b4"
 WANDB_SECRET = "wandb-REL-SECRET-9c0ffee1234"
 AWS_SECRET = "aws-REL-SECRET-deadbeef5678"
-HF_TOKEN = "hf-REL-TOKEN-0badcafe9999"
-PAYLOAD_SECRETS = (WANDB_SECRET, AWS_SECRET, HF_TOKEN)
+AZURE_SECRET = "azure-REL-SECRET-0badcafe9999"
+PAYLOAD_SECRETS = (WANDB_SECRET, AWS_SECRET, AZURE_SECRET)
 
 Conn = psycopg.Connection[Any]
 
@@ -68,7 +68,8 @@ def payload(kind: str, *, valid: bool = True, tag: str = "") -> dict[str, Any]:
         "dataset": f"accounts/rel/datasets/d{tag}",
         "wandbConfig": {"enabled": True, "apiKey": WANDB_SECRET, "project": "rel"},
         "awsS3Config": {"credentialsSecret": AWS_SECRET},
-        "hfToken": HF_TOKEN,
+        # A field Fireworks' bodies have: the simulator, like Fireworks, refuses any other.
+        "azureBlobStorageConfig": {"credentialsSecret": AZURE_SECRET},
     }
     if kind == "SFT":
         body["baseModel"] = "accounts/fireworks/models/qwen3-8b"

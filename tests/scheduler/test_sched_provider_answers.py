@@ -9,6 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -515,3 +516,45 @@ def test_with_listing_down_jobs_still_reconcile_least_recently_checked_first(
         gets, result = gets_of_one_tick()
         ended += result["reconciled"]
     assert ended == 6 and all(state(conn, j) == "SUCCESS" for j in jobs)
+
+
+# -- how a failure is classed (issue 54, item 7) ----------------------------------------------
+
+
+def test_a_users_mistake_fails_permanent_and_a_platform_fault_retryable(
+        conn: Conn, sim: RecordingSimulator, sim_server: SimulatorServer, tick: Any) -> None:
+    # Every simulated failure used to carry INTERNAL, so a dataset too small for training was
+    # offered a Retry. `:finish` now takes the code Fireworks gives such a failure.
+    alice = create_user(conn, "alice")
+    bob = create_user(conn, "bob")
+    mistake, fault = enqueue(conn, alice), enqueue(conn, bob)
+    tick()
+    tick()
+    assert state(conn, mistake) == state(conn, fault) == "PROGRESS"
+    # The two bodies docs/dev.md shows, as written there: a user's mistake, a platform fault.
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "dev.md").read_text(encoding="utf-8")
+    bodies = [json.loads(line) for line in doc.splitlines()
+              if line.startswith('{"state": "JOB_STATE_FAILED"')]
+    assert len(bodies) == 2 and "code" in bodies[0] and "code" not in bodies[1], bodies
+    sim_control(sim_server.url, f"/_sim/jobs/SFT/{pid(mistake)}:finish", bodies[0])
+    sim_control(sim_server.url, f"/_sim/jobs/SFT/{pid(fault)}:finish", bodies[1])
+    tick()
+    user_error, platform = job(conn, mistake), job(conn, fault)
+    assert (user_error["state"], user_error["failure_class"]) == ("FAIL", "permanent")
+    assert bodies[0]["message"] in user_error["error"]
+    assert (platform["state"], platform["failure_class"]) == ("FAIL", "retryable")
+
+
+def test_finish_refuses_a_code_that_is_not_a_status_code(
+        conn: Conn, sim: RecordingSimulator, sim_server: SimulatorServer, tick: Any) -> None:
+    import httpx
+
+    alice = create_user(conn, "alice")
+    job_id = enqueue(conn, alice)
+    tick()
+    r = httpx.post(f"{sim_server.url}/_sim/jobs/SFT/{pid(job_id)}:finish",
+                   json={"state": "JOB_STATE_FAILED", "code": "OOPS"})
+    assert r.status_code == 400 and "code must be one of" in r.json()["message"]
+    r = httpx.post(f"{sim_server.url}/_sim/jobs/SFT/{pid(job_id)}:finish",
+                   json={"state": "JOB_STATE_FAILED", "reason": "x"})
+    assert r.status_code == 400 and "unknown fields: reason" in r.json()["message"]

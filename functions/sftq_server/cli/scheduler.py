@@ -261,11 +261,15 @@ def _ticker_direct(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulator(args: argparse.Namespace) -> int:
-    from sftq_server.simulator import serve
+    from sftq_server.simulator import StateFileError, serve
 
     _setup_logging(args.verbose)
-    serve(args.host, args.port, args.job_seconds, account_id=args.account_id,
-          max_value=args.max_gpus)
+    try:
+        serve(args.host, args.port, args.job_seconds, account_id=args.account_id,
+              max_value=args.max_gpus, state_file=args.state_file)
+    except StateFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK
 
 
@@ -319,5 +323,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="how long a simulated job runs (0: until finished through /_sim)")
     s.add_argument("--max-gpus", type=int, default=64, help="the training GPU quota's maxValue")
     s.add_argument("--account-id", default=SIM_ACCOUNT)
+    s.add_argument("--state-file", metavar="PATH",
+                   help="keep the account (jobs and their clocks, quota, resources, faults) in "
+                   "this file and pick it up on the next start (default: in memory only)")
     s.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
     s.set_defaults(func=_cmd_simulator)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import sys
+import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,8 +64,24 @@ def write_env_file(data_dir: Path, lines: list[str]) -> Path:
         f.write("\n".join(lines) + "\n")
         # Exported, so programs started from that shell (the sftq CLI, scripts) see them too.
         f.write("export " + " ".join(ENV_NAMES) + "\n")
+        f.write(path_line())
     os.replace(tmp, path)
     return path
+
+
+def scripts_dir() -> str:
+    """The folder of this interpreter's console scripts (a venv's bin/, where `sftq` is)."""
+    return sysconfig.get_path("scripts") or os.path.dirname(sys.executable)
+
+
+def path_line(folder: str | None = None) -> str:
+    """A shell line putting `folder` (the scripts folder) first on PATH, once: a shell that
+    sources the env file twice does not grow its PATH. POSIX sh, so `.` works as `source`."""
+    quoted = shlex.quote(folder or scripts_dir())
+    return (
+        "# The `sftq` command of the Python that runs the stack, first on PATH.\n"
+        f'case ":$PATH:" in *:{quoted}:*) ;; *) PATH={quoted}:"$PATH"; export PATH ;; esac\n'
+    )
 
 
 def read_env_file(data_dir: str | Path) -> dict[str, str]:
@@ -75,7 +93,7 @@ def read_env_file(data_dir: str | Path) -> dict[str, str]:
         line = line.strip()
         if line.startswith("export "):
             line = line[len("export ") :]
-        if "=" in line and not line.startswith("#"):
+        if "=" in line and not line.startswith(("#", "case ")):
             key, _, value = line.partition("=")
             values[key.strip()] = value.strip().strip("'\"")
     return values

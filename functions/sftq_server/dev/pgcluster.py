@@ -114,6 +114,7 @@ def _run_error(bindir: Path, user: str) -> str | None:
             text=True,
             env=_env(),
             check=False,
+            cwd="/",
         )
         if proc.returncode != 0:
             return f"{tool}: {(proc.stderr or proc.stdout).strip() or f'exit {proc.returncode}'}"
@@ -435,8 +436,10 @@ class LocalCluster:
         return self._runnable
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        # From "/": as root the tools run as postgres, which may not enter the folder `sftq dev`
+        # was started from (a checkout in /root), and pg_ctl refuses to start without its cwd.
         proc = subprocess.run(
-            self._cmd(*args), capture_output=True, text=True, env=_env(), check=False
+            self._cmd(*args), capture_output=True, text=True, env=_env(), check=False, cwd="/"
         )
         if check and proc.returncode != 0:
             raise ClusterError(

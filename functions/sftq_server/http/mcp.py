@@ -594,8 +594,17 @@ class WsgiMcp:
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join(5)
-        if not loop.is_running():
-            loop.close()
+        if loop.is_running():
+            return  # a stuck callback: leave the daemon thread its loop rather than break it
+        # As asyncio.run ends: cancel what is still pending (sse-starlette's shutdown watcher,
+        # a call still streaming) and let it finish, or closing the loop destroys those tasks
+        # pending ("Task was destroyed but it is pending!" on every stop).
+        while tasks := [t for t in asyncio.all_tasks(loop) if not t.done()]:
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
 
 
 class _Connection:

@@ -12,6 +12,7 @@ One module per concept:
 - `app`: the HTTP surface (Fireworks paths and `/_sim`), `Simulator`;
 - `validation`: what Fireworks refuses at create time and the error bodies;
 - `rules`: injected faults and scripted answers;
+- `store`: the state file that keeps the account across restarts (optional);
 - `server`: `SimulatorServer` for tests, `serve` and `main` for a process.
 """
 
@@ -33,6 +34,7 @@ from sftq_server.simulator.state import (
     LIFECYCLE,
     TERMINAL_STATES,
 )
+from sftq_server.simulator.store import StateFileError
 from sftq_server.simulator.validation import DEFAULT_GPUS, error_body, job_gpus, validate_payload
 
 __all__ = [
@@ -49,6 +51,7 @@ __all__ = [
     "Rule",
     "Simulator",
     "SimulatorServer",
+    "StateFileError",
     "error_body",
     "job_gpus",
     "main",

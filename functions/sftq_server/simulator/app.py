@@ -110,6 +110,8 @@ class Simulator(SimState):
             faults = self._faults
             fault: str | None = None
             rule = faults.scripted(method, path)
+            if rule is not None and rule.times is not None:
+                self._save()  # one of its answers is spent: a restart must not give it again
             wait = self._rate.admit(self._now()) if rule is None else None
             if rule is not None:
                 fault = "rule"
@@ -331,8 +333,12 @@ class Simulator(SimState):
             state = body.get("state")
             if not isinstance(state, str):
                 raise ValueError("state is required")
+            unknown = set(body) - {"state", "message", "code"}
+            if unknown:
+                raise ValueError(f"unknown fields: {', '.join(sorted(unknown))}")
             job = self.finish(
-                parts[3], parts[4].removesuffix(":finish"), state, body.get("message")
+                parts[3], parts[4].removesuffix(":finish"), state, body.get("message"),
+                body.get("code"),
             )
             return 200, job, {}
         raise HttpError(404, f"no such control path: {method} {route}")

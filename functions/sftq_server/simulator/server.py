@@ -7,6 +7,7 @@ import logging
 import signal
 import socket
 import socketserver
+import sys
 import threading
 from collections.abc import Sequence
 from types import FrameType, TracebackType
@@ -14,6 +15,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from sftq_server.simulator.app import Simulator
+from sftq_server.simulator.store import StateFileError
 
 logger = logging.getLogger("sftq_server.simulator")
 
@@ -110,9 +112,15 @@ def serve(
     job_seconds: float,
     account_id: str = "sim-account",
     max_value: int = 64,
+    state_file: str | None = None,
 ) -> None:
-    """Run the simulator until SIGTERM or SIGINT (blocking); for `sftq simulator`."""
-    simulator = Simulator(account_id=account_id, job_seconds=job_seconds, max_value=max_value)
+    """Run the simulator until SIGTERM or SIGINT (blocking); for `sftq simulator`.
+
+    `state_file`: keep the account (jobs, quota, resources, faults) in that file and pick it up
+    again on the next start (StateFileError when it cannot be read); None: in memory only.
+    """
+    simulator = Simulator(account_id=account_id, job_seconds=job_seconds, max_value=max_value,
+                          state_file=state_file)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -139,13 +147,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="sftq-simulator",
-        description="An in-memory Fireworks control plane, served over real HTTP.",
+        description="A Fireworks control plane (in memory, or kept in --state-file), served "
+        "over real HTTP.",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8089)
     parser.add_argument("--job-seconds", type=float, default=60.0)
     parser.add_argument("--account-id", default="sim-account")
     parser.add_argument("--max-value", type=int, default=64)
+    parser.add_argument("--state-file", default=None, metavar="PATH",
+                        help="keep the account in this file across restarts (default: memory)")
     args = parser.parse_args(argv)
-    serve(args.host, args.port, args.job_seconds, args.account_id, args.max_value)
+    try:
+        serve(args.host, args.port, args.job_seconds, args.account_id, args.max_value,
+              args.state_file)
+    except StateFileError as exc:
+        print(f"sftq-simulator: error: {exc}", file=sys.stderr)
+        return 2
     return 0

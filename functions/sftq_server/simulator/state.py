@@ -18,11 +18,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sftq_server.simulator.resources import RateLimit, Resources
 from sftq_server.simulator.rules import DEFAULT_TIMEOUT_SECONDS, Faults
+from sftq_server.simulator.store import StateFileError, read_state, write_state
 from sftq_server.simulator.validation import (
+    OUTPUT_ONLY,
     HttpError,
     integer,
     job_epochs,
@@ -73,25 +76,22 @@ LIFECYCLE = (
 
 _FINISH_STATUS = {
     COMPLETED: "OK",
+    # A failure with no code given is the platform's own (an infrastructure fault); a user's
+    # mistake is finished with the code Fireworks gives it (`:finish` with "code").
     "JOB_STATE_FAILED": "INTERNAL",
     "JOB_STATE_EXPIRED": "DEADLINE_EXCEEDED",
     "JOB_STATE_EARLY_STOPPED": "OK",
     CANCELLED: "CANCELLED",
 }
+# The google.rpc codes a job's status may carry (`status.code` in Fireworks' JSON). Fireworks
+# fails a job over the user's data or settings with INVALID_ARGUMENT or FAILED_PRECONDITION
+# (the queue classes those permanent) and over its own faults with INTERNAL or UNAVAILABLE.
+STATUS_CODES = frozenset({
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED"})
 
-_OUTPUT_ONLY = frozenset(
-    {
-        "name",
-        "state",
-        "status",
-        "createTime",
-        "updateTime",
-        "completedTime",
-        "createdBy",
-        "jobProgress",
-        "estimatedCost",
-    }
-)
 
 # What a simulated GPU-hour costs, for `estimatedCost` (a made-up figure, in USD).
 GPU_HOUR_USD = 2.5
@@ -112,6 +112,7 @@ class SimJob:
     final_state: str | None = None
     final_message: str | None = None
     final_at: float | None = None
+    final_code: str | None = None
     # A state it is held in (/_sim ... :state) until told otherwise, and a jobProgress.
     held_state: str | None = None
     held_at: float | None = None
@@ -137,6 +138,7 @@ class SimState:
         quota_id: str = "training-h200-count",
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
+        state_file: str | Path | None = None,
     ) -> None:
         if job_seconds < 0:
             raise ValueError("job_seconds must be >= 0 (0: jobs never finish on their own)")
@@ -154,6 +156,19 @@ class SimState:
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._reset_locked()
+        # Where the account is kept across restarts (None: in memory only, as in tests).
+        self.state_file = None if state_file is None else Path(state_file)
+        if self.state_file is not None:
+            saved = read_state(self.state_file)
+            if saved is not None:
+                try:
+                    self._restore(saved)
+                except (KeyError, TypeError, ValueError) as exc:
+                    self._reset_locked()
+                    raise StateFileError(
+                        f"the simulator's state file {self.state_file} could not be read back "
+                        f"({type(exc).__name__}: {exc}); remove it to start with an empty "
+                        "account") from exc
 
     def _reset_locked(self) -> None:
         self._jobs: dict[tuple[str, str], SimJob] = {}
@@ -234,12 +249,13 @@ class SimState:
     def _resource(self, job: SimJob, now: float) -> dict[str, Any]:
         state, since = self._state(job, now)
         # Output-only fields in a create body are ignored by Fireworks, never echoed.
-        resource = {k: copy.deepcopy(v) for k, v in job.payload.items() if k not in _OUTPUT_ONLY}
+        resource = {k: copy.deepcopy(v) for k, v in job.payload.items() if k not in OUTPUT_ONLY}
         resource.setdefault("displayName", job.job_id)
         resource["name"] = f"accounts/{self.account_id}/{job.collection}/{job.job_id}"
         resource["state"] = state
         if state in FINISH_STATES:
-            code = _FINISH_STATUS[state]
+            code = job.final_code if job.final_state == state and job.final_code else (
+                _FINISH_STATUS[state])
             resource["status"] = {"code": code, "message": job.final_message or ""}
         else:
             resource["status"] = {"code": "OK", "message": ""}
@@ -345,6 +361,7 @@ class SimState:
             # `usage` figure aside): what Fireworks refuses with 429 quota_exceeded.
             self._over_quota_creates += 1
             if self._enforce_quota:
+                self._save()
                 raise HttpError(
                     429,
                     f"quota_exceeded: quota {self.quota_id} has no room for {gpus} more "
@@ -359,6 +376,7 @@ class SimState:
             job_seconds=self.job_seconds,
         )
         self._jobs[(collection, job_id)] = job
+        self._save()
         return self._resource(job, now)
 
     def _estimate(self, body: Any, gpu_header: str | None) -> dict[str, Any]:
@@ -403,12 +421,15 @@ class SimState:
     def _delete(self, collection: str, job_id: str) -> None:
         # Fireworks removes the resource (possibly via JOB_STATE_DELETING); here at once.
         del self._jobs[(collection, job_id)]
+        self._save()
 
     def _cancel(self, job: SimJob, now: float) -> None:
         # Cancelling a finished job leaves it as it is (Fireworks' behaviour here is
         # unconfirmed; answering 200 keeps a cancel that races completion harmless).
         if job.final_state is None and self._state(job, now)[0] not in TERMINAL_STATES:
             job.final_state, job.final_message, job.final_at = CANCELLED, None, now
+            job.final_code = None
+            self._save()
 
     def _list(self, collection: str, query: dict[str, str], now: float) -> dict[str, Any]:
         raw_size = query.get("pageSize", "")
@@ -501,6 +522,7 @@ class SimState:
                 self._usage_lag = lag
             if enforce_quota is not None:
                 self._enforce_quota = enforce_quota
+            self._save()
             return self._quota_settings()
 
     def quota(self) -> dict[str, Any]:
@@ -509,22 +531,33 @@ class SimState:
             return self._quota_settings()
 
     def finish(
-        self, collection: str, job_id: str, state: str, message: str | None = None
+        self,
+        collection: str,
+        job_id: str,
+        state: str,
+        message: str | None = None,
+        code: str | None = None,
     ) -> dict[str, Any]:
         """Force a job into a terminal state (KeyError if unknown, ValueError if bad state).
 
-        `collection` may also be a kind name (SFT, DPO, RFT).
+        `collection` may also be a kind name (SFT, DPO, RFT). `code`: the google.rpc code its
+        `status` carries (default: the state's own, INTERNAL for JOB_STATE_FAILED); a user's
+        mistake fails with INVALID_ARGUMENT or FAILED_PRECONDITION, as at Fireworks.
         """
         if state not in FINISH_STATES:
             raise ValueError(f"state must be one of {', '.join(sorted(FINISH_STATES))}")
         if message is not None and not isinstance(message, str):
             raise ValueError("message must be a string")
+        if code is not None and code not in STATUS_CODES:
+            raise ValueError(f"code must be one of {', '.join(sorted(STATUS_CODES))}")
         with self._lock:
             job = self._find(collection, job_id)
             now = self._now()
             job.final_state = state
             job.final_message = message
             job.final_at = now
+            job.final_code = code
+            self._save()
             return self._resource(job, now)
 
     def set_state(self, collection: str, job_id: str, state: str | None,
@@ -544,6 +577,7 @@ class SimState:
             with self._lock:
                 found = self._find(collection, job_id)
                 found.held_progress = copy.deepcopy(progress)
+                self._save()
                 return self._resource(found, self._now()) if progress is not None else job
         with self._lock:
             job2 = self._find(collection, job_id)
@@ -551,11 +585,14 @@ class SimState:
             job2.held_state = state
             job2.held_at = now if state is not None else None
             job2.held_progress = copy.deepcopy(progress)
+            self._save()
             return self._resource(job2, now)
 
     def set_resources(self, body: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
-            return self._resources.update(body)
+            result = self._resources.update(body)
+            self._save()
+            return result
 
     def resources(self) -> dict[str, Any]:
         with self._lock:
@@ -563,7 +600,9 @@ class SimState:
 
     def set_rate_limit(self, body: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
-            return self._rate.update(body)
+            result = self._rate.update(body)
+            self._save()
+            return result
 
     def rate_limit(self) -> dict[str, Any]:
         with self._lock:
@@ -591,6 +630,7 @@ class SimState:
         )
         with self._lock:
             self._faults = faults
+            self._save()
             return faults.as_json()
 
     def faults(self) -> dict[str, Any]:
@@ -629,10 +669,91 @@ class SimState:
         step = number(seconds, "seconds")
         with self._lock:
             self._offset += step
+            self._save()
             return self._offset
 
     def reset(self) -> None:
         """Back to the constructor's state: no jobs, requests or faults, default quota."""
         with self._lock:
             self._reset_locked()
+            self._save()
         self._release_sleepers()
+
+    # -- the state file (store.py) ----------------------------------------------------------
+
+    def _wall(self, at: float | None) -> float | None:
+        """A clock reading as wall-clock seconds (the monotonic clock restarts with the process)."""
+        return None if at is None else self._epoch + (at - self._t0)
+
+    def _clock_at(self, wall: float | None) -> float | None:
+        return None if wall is None else self._t0 + (float(wall) - self._epoch)
+
+    def _save(self) -> None:
+        """Write the account to the state file, if there is one (the caller holds the lock)."""
+        if self.state_file is None:
+            return
+        jobs = [
+            {
+                "collection": job.collection, "job_id": job.job_id, "payload": job.payload,
+                "gpus": job.gpus, "created": self._wall(job.created),
+                "job_seconds": job.job_seconds, "final_state": job.final_state,
+                "final_message": job.final_message, "final_at": self._wall(job.final_at),
+                "final_code": job.final_code, "held_state": job.held_state,
+                "held_at": self._wall(job.held_at), "held_progress": job.held_progress,
+            }
+            for job in self._jobs.values()
+        ]
+        write_state(self.state_file, {
+            "account_id": self.account_id,
+            "jobs": jobs,
+            # Where the simulator's own time stood (its clock, moved by /_sim/advance or a test's
+            # fake clock), against the real time it was saved at: the next start carries on
+            # from there, plus however long it was down.
+            "simulated_now": self._wall(self._now()),
+            "saved_at": time.time(),
+            "quota": {
+                "max_value": self._max_value, "value": self._value,
+                "external_usage": self._external_usage, "usage_lag_seconds": self._usage_lag,
+                "enforce_quota": self._enforce_quota,
+                "over_quota_creates": self._over_quota_creates,
+            },
+            "resources": self._resources.as_json(),
+            "rate_limit": {"rpm": self._rate.rpm},
+            "faults": self._faults.as_json(),
+        })
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        """The account as `_save` wrote it (the request log and rate window start empty)."""
+        with self._lock:
+            # Job times are kept as wall-clock seconds; pick the offset that makes this
+            # process's "now" the saved one plus the time since it was saved.
+            self._epoch = time.time()
+            self._t0 = self._clock()
+            self._offset = float(saved["simulated_now"]) - float(saved["saved_at"])
+            for raw in saved.get("jobs", []):
+                job = SimJob(
+                    collection=raw["collection"], job_id=raw["job_id"], payload=raw["payload"],
+                    gpus=int(raw["gpus"]), created=float(self._clock_at(raw["created"]) or 0.0),
+                    job_seconds=float(raw["job_seconds"]), final_state=raw.get("final_state"),
+                    final_message=raw.get("final_message"),
+                    final_at=self._clock_at(raw.get("final_at")),
+                    final_code=raw.get("final_code"), held_state=raw.get("held_state"),
+                    held_at=self._clock_at(raw.get("held_at")),
+                    held_progress=raw.get("held_progress"),
+                )
+                self._jobs[(job.collection, job.job_id)] = job
+            quota = saved.get("quota") or {}
+            self._max_value = int(quota.get("max_value", self._max_value))
+            self._value = int(quota.get("value", self._value))
+            self._external_usage = quota.get("external_usage", 0)
+            self._usage_lag = float(quota.get("usage_lag_seconds", 0.0))
+            self._enforce_quota = bool(quota.get("enforce_quota", False))
+            self._over_quota_creates = int(quota.get("over_quota_creates", 0))
+            resources = saved.get("resources") or {}
+            self._resources.update({"known_only": bool(resources.get("known_only", False)),
+                                    "resources": resources.get("resources") or {}})
+            self._rate.update({"rpm": (saved.get("rate_limit") or {}).get("rpm")})
+            faults = dict(saved.get("faults") or {})
+            # A scripted rule whose answers are all spent is kept as spent: left out.
+            faults["rules"] = [r for r in faults.get("rules") or [] if r.get("times") != 0]
+            self._faults = Faults.build(**faults)

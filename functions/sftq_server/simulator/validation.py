@@ -3,7 +3,10 @@ create-time validation, and the small typed parsers the control surface shares."
 
 from __future__ import annotations
 
+import functools
+import json
 import string
+from pathlib import Path
 from typing import Any
 
 # The google.rpc status each HTTP status stands for in an error body.
@@ -119,10 +122,83 @@ def job_epochs(payload: dict[str, Any]) -> int:
     return flat or positive_int(_training(payload).get("epochs")) or 1
 
 
+# Fireworks' create bodies, field by field, as its own SDK types them (fireworks-ai's create
+# parameters, generated into this JSON file). The file is Fireworks' description of its API, not
+# the queue's rules: the queue's pre-flight reads it too, but warns about a field it does not
+# list (it may be newer than the file) where Fireworks, and so this simulator, refuses one.
+_SCHEMA_FILE = Path(__file__).resolve().parent.parent / "preflight" / "fireworks_schema.json"
+# Output-only fields a create body may carry (a resource read back and sent again): Fireworks
+# ignores them rather than refusing them.
+OUTPUT_ONLY = frozenset({"name", "state", "status", "createTime", "updateTime", "completedTime",
+                         "createdBy", "jobProgress", "estimatedCost"})
+_TYPE_NAMES = {"string": "a string", "integer": "an integer", "number": "a number",
+               "boolean": "a boolean", "array": "a list", "object": "an object"}
+
+
+@functools.cache
+def _schemas() -> dict[str, Any]:
+    kinds: dict[str, Any] = json.loads(_SCHEMA_FILE.read_text(encoding="utf-8"))["kinds"]
+    return kinds
+
+
+def _of_type(value: object, wanted: str) -> bool:
+    if wanted == "string":
+        return isinstance(value, str)
+    if wanted == "boolean":
+        return isinstance(value, bool)
+    if wanted == "integer":
+        # proto3 JSON: an int64 may travel as a decimal string.
+        if isinstance(value, str):
+            return value.lstrip("-").isdigit()
+        return isinstance(value, int | float) and not isinstance(value, bool) and float(
+            value).is_integer()
+    if wanted == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if wanted == "array":
+        return isinstance(value, list)
+    if wanted == "object":
+        return isinstance(value, dict)
+    return True
+
+
+def _check_value(node: dict[str, Any], value: object, path: str) -> None:
+    wanted = str(node.get("type", "any"))
+    if value is None:
+        return  # proto3 JSON: null is the field's default
+    if not _of_type(value, wanted):
+        raise HttpError(400, f"invalid argument: invalid value for {path}: "
+                             f"{_TYPE_NAMES.get(wanted, wanted)} is required, got {value!r}")
+    if "enum" in node and value not in node["enum"]:
+        raise HttpError(400, f"invalid argument: invalid value for enum field {path}: "
+                             f"{value!r}")
+    if wanted == "object" and "fields" in node:
+        assert isinstance(value, dict)
+        _check_fields(node, value, path)
+    elif wanted == "array" and "items" in node:
+        assert isinstance(value, list)
+        for i, item in enumerate(value):
+            _check_value(node["items"], item, f"{path}[{i}]")
+
+
+def _check_fields(node: dict[str, Any], body: dict[str, Any], path: str,
+                  ignored: frozenset[str] = frozenset()) -> None:
+    fields: dict[str, Any] = node["fields"]
+    for name, value in body.items():
+        where = f"{path}.{name}" if path else name
+        if name in fields:
+            _check_value(fields[name], value, where)
+        elif name not in ignored:
+            # grpc-gateway's JSON parsing refuses a field the message does not have.
+            raise HttpError(400, f'invalid argument: unknown field "{where}"')
+
+
 def validate_payload(kind: str, payload: object) -> None:
-    """Reject what Fireworks rejects at create time (a subset: the required fields)."""
+    """Reject what Fireworks rejects at create time: a field the kind's body does not have (an
+    SFT body's flat `baseModel` sent as DPO, say) or of the wrong type, a missing required
+    field, and the rules Fireworks states (RFT's responseCandidatesCount >= 2)."""
     if not isinstance(payload, dict):
         raise HttpError(400, "request body must be a JSON object")
+    _check_fields(_schemas()[kind], payload, "", ignored=OUTPUT_ONLY)
     required = ("dataset", "evaluator") if kind == "RFT" else ("dataset",)
     for field in required:
         value = payload.get(field)

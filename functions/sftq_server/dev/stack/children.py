@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sftq_server.dev.envfile import StackFacts
 from sftq_server.dev.stack.common import DevConfig
@@ -24,6 +25,8 @@ from sftq_server.dev.stack.common import DevConfig
 # The simulator accepts any bearer key; the provider client still wants one to send.
 SIMULATOR_API_KEY = "sim-placeholder-key"
 SIMULATOR_ACCOUNT = "sim-account"
+# The simulator's state, in the data dir next to the database.
+SIMULATOR_STATE_FILE = "simulator.json"
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,10 @@ def stack_children(config: DevConfig, facts: StackFacts, data_dir: str) -> list[
                     f"{config.simulator_job_seconds:g}",
                     "--account-id",
                     SIMULATOR_ACCOUNT,
+                    # The simulated account outlives a restart, as the database does: the
+                    # queue's running jobs are still running at "Fireworks" afterwards.
+                    "--state-file",
+                    str(Path(data_dir) / SIMULATOR_STATE_FILE),
                 ],
                 base_env,
                 ready_url=f"{facts.simulator_url}/_sim/health",

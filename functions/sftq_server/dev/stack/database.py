@@ -83,6 +83,10 @@ class DevDatabase:
             # A server killed a moment ago (kill -9, OOM) may still be on its way out: wait
             # for it to go rather than adopt what will not answer.
             running = cluster.settle() == "running"
+            if not running:
+                # initdb first: it takes seconds, in which another stack starting next to this
+                # one may take the port; checking after it leaves a window of milliseconds.
+                cluster.init()
             if not running and not port_free("127.0.0.1", cluster.port):
                 new_port = free_port()
                 if port is not None:
@@ -96,13 +100,35 @@ class DevDatabase:
                 verb = "creating PostgreSQL" if not cluster.initialized() else "starting PostgreSQL"
             where = pg_dir if folder == pg_dir else f"{pg_dir} (-> {folder})"
             self.log(f"{verb} in {where} on 127.0.0.1:{cluster.port} (binaries: {bindir})")
-            cluster.start()
+            self._start_on_a_free_port(cluster, adopted=running)
+            # Kept for the next start: DATABASE_URL stays the same for this data dir.
             port_file.write_text(f"{cluster.port}\n", encoding="utf-8")
         except ClusterError as exc:
-            raise StartupError(f"the embedded PostgreSQL did not start: {exc}") from exc
+            raise StartupError(
+                f"the embedded PostgreSQL did not start: {exc}. Its port is kept in {port_file}: "
+                "write a free port there to choose it, or set DATABASE_URL to a PostgreSQL you "
+                "have"
+            ) from exc
         self.check_stop()
         self._create_database(cluster.socket_conninfo())
         return str(cluster.url_for(DATABASE_NAME))
+
+    def _start_on_a_free_port(self, cluster: Any, adopted: bool, attempts: int = 3) -> None:
+        """Start the cluster; when its port was taken meanwhile (two stacks starting at once
+        both found it free), on another free one."""
+        from sftq_server.dev.pgcluster import ClusterError, free_port
+
+        for attempt in range(1, attempts + 1):
+            try:
+                cluster.start()
+                return
+            except ClusterError:
+                if adopted or attempt == attempts or port_free("127.0.0.1", cluster.port):
+                    raise  # not a port taken by someone else
+                new_port = free_port()
+                self.log(f"port {cluster.port} was taken while PostgreSQL started; using "
+                         f"{new_port}")
+                cluster.port = new_port
 
     def _cluster_folder(self, pg_dir: Path) -> Path:
         """Where the cluster's files live: <data-dir>/pg, or as root a folder of the postgres
