@@ -499,3 +499,36 @@ def test_a_bug_in_one_job_is_its_fault_not_the_ticks(
     assert [(e["job_id"], e["phase"]) for e in answer["job_errors"]] == [(str(bad), "submit")]
     assert answer["submitted"] == 2
     assert [e["detail"]["error_type"] for e in tick_errors(conn, bad)] == ["ValueError"]
+
+
+def test_the_fault_path_runs_as_the_scheduler_role(
+        conn: psycopg.Connection[Any], settings: Settings, db_url: str,
+        provider: FireworksClient) -> None:
+    """The tick's login role is only a member of sftq_scheduler: recording a fault, ending a
+    job at the limit, and ending a run of faults must all be granted to it (a missing grant
+    is SQLSTATE 42501, which ends the tick rather than being pinned on a job)."""
+    role_db = Database(psycopg.conninfo.make_conninfo(db_url, options="-c role=sftq_scheduler"),
+                       max_size=2, timeout=5.0)
+    try:
+        settings = _with(settings, preflight=True, job_fault_limit=2)
+        users = _users(conn, 2)
+        poison = f"accounts/{ACCOUNT}/datasets/poison"
+        # users[0]: a running job keeps the poisoned one queued, where the pre-flight meets it.
+        enqueue(conn, users[0], "SFT", gpus=4)
+        bad = enqueue(conn, users[0], "SFT", gpus=4, body={**payload("SFT"), "dataset": poison})
+        flaky = enqueue(conn, users[1], "SFT", gpus=4)
+        first = run_tick_as(role_db, settings, Faulty(provider, {poison, _pid(flaky)}))
+        assert not [e for e in first["errors"] if "permission denied" in e], first
+        assert {e["job_id"] for e in first["job_errors"]} == {str(bad), str(flaky)}, first["errors"]
+        second = run_tick_as(role_db, settings, Faulty(provider, {poison}))
+        assert not [e for e in second["errors"] if "permission denied" in e], second
+        assert state(conn, bad) == "FAIL"
+        assert fault_row(conn, flaky) is None  # its retried create landed: the run ended
+    finally:
+        role_db.close()
+
+
+def run_tick_as(db: Database, settings: Settings, faulty: Faulty) -> dict[str, Any]:
+    from sftq_server.scheduler.tick import run_tick
+
+    return run_tick(db, faulty, settings, holder="role-test")  # type: ignore[arg-type]

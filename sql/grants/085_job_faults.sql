@@ -1,5 +1,7 @@
 -- Privileges for per-job fault isolation (sql/procedures/185_job_faults.sql): the tick's
--- only. Re-applied after 010_roles.sql, which revokes first.
+-- only. Re-applied after 010_roles.sql, which revokes first, and before 090_security.sql,
+-- which gives each role that holds a right on a table the row-level security policy it
+-- needs: a table right granted after it would meet RLS with no policy (every row refused).
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON sftq.job_faults TO sftq_scheduler;
 
