@@ -532,3 +532,32 @@ def run_tick_as(db: Database, settings: Settings, faulty: Faulty) -> dict[str, A
     from sftq_server.scheduler.tick import run_tick
 
     return run_tick(db, faulty, settings, holder="role-test")  # type: ignore[arg-type]
+
+
+def test_an_error_that_quotes_the_payload_keeps_its_secrets_out(
+        conn: psycopg.Connection[Any], settings: Settings, database: Database,
+        provider: FireworksClient, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Invariant 8 holds on the fault path: an exception whose text quotes the payload (its
+    wandbConfig.apiKey) is recorded with the secret redacted, in the event, the answer, the
+    tick row and the log."""
+    from sftq_server.scheduler.tick import submit as submit_module
+
+    secret = "wandb-SECRET"
+    assert payload("SFT")["wandbConfig"]["apiKey"] == secret
+    [user] = _users(conn, 1)
+    bad = enqueue(conn, user, "SFT", gpus=4)
+
+    def quoting(tick: Any, job_id: uuid.UUID, kind: str, body: dict[str, Any],
+                gpus: int) -> None:
+        raise ValueError(f"cannot send {body!r}")
+
+    monkeypatch.setattr(submit_module, "submit", quoting)
+    caplog.set_level("WARNING", logger="sftq_server.scheduler.tick")
+    answer = _run(settings, database, Faulty(provider, set()))
+    [entry] = answer["job_errors"]
+    assert "[REDACTED]" in entry["error"] and secret not in json.dumps(answer)
+    assert secret not in json.dumps(recorded(conn, answer["tick_id"]))
+    assert secret not in json.dumps([e["detail"] for e in events(conn, bad)], default=str)
+    assert secret not in caplog.text and "[REDACTED]" in caplog.text
+    assert "Traceback" in caplog.text  # the traceback is logged, redacted too

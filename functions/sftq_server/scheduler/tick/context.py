@@ -11,8 +11,10 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import time
+import traceback
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -67,6 +69,47 @@ class ProviderDown(Exception):
 # deployment that does not match the code (42: a missing procedure, a missing grant).
 # They end the tick, as before; any other error while handling a job is that job's fault.
 DATABASE_WIDE_SQLSTATE = ("08", "42", "53", "57", "58", "XX")
+
+
+# The keys whose values are secrets, as sql/procedures/000_common.sql's sftq.redact_secrets
+# reads them: an error that quotes a payload must not carry them into an event, the tick's
+# answer and row, or the log.
+SECRET_KEY = re.compile(r"apikey|api_key|secret|token|password")
+
+
+def secret_values(value: Any) -> set[str]:
+    """The text of every value under a secret-looking key of a payload, at any depth."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if SECRET_KEY.search(str(key).lower()):
+                if isinstance(item, dict | list):
+                    found |= _leaves(item)
+                elif item is not None and str(item):
+                    found.add(str(item))
+            else:
+                found |= secret_values(item)
+    elif isinstance(value, list):
+        for item in value:
+            found |= secret_values(item)
+    return found
+
+
+def _leaves(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        return set().union(*(_leaves(v) for v in value.values())) if value else set()
+    if isinstance(value, list):
+        return set().union(*(_leaves(v) for v in value)) if value else set()
+    return {str(value)} if value is not None and str(value) else set()
+
+
+def redact(text: str, secrets: set[str]) -> str:
+    """`text` with every secret value replaced (the longest first; very short values are
+    left alone, they would redact ordinary words)."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= 4:
+            text = text.replace(secret, "[REDACTED]")
+    return text
 
 
 def tick_wide(exc: BaseException) -> bool:
@@ -244,26 +287,31 @@ class Tick:
     # -- one job's handling, isolated from the others ----------------------------------
 
     @contextlib.contextmanager
-    def job(self, job_id: uuid.UUID, phase: str, kind: str | None = None) -> Iterator[None]:
+    def job(self, job_id: uuid.UUID, phase: str, kind: str | None = None,
+            payload: Any = None) -> Iterator[None]:
         """Handle one job: whatever goes wrong inside (any exception: a bug, an odd name,
         an answer nobody expected) is recorded on this job and the tick goes on with the
-        others. What concerns the whole tick (tick_wide) still ends the phase or the tick."""
+        others. What concerns the whole tick (tick_wide) still ends the phase or the tick.
+        `payload` is the job's fireworks_payload: its secrets are kept out of the record."""
         try:
             yield
         except Exception as exc:
             if tick_wide(exc):
                 raise
-            self.job_fault(job_id, phase, exc, kind)
+            self.job_fault(job_id, phase, exc, kind, secret_values(payload))
         else:
             self.handled.add(job_id)
 
     def job_fault(self, job_id: uuid.UUID, phase: str, exc: Exception,
-                  kind: str | None = None) -> None:
+                  kind: str | None = None, secrets: frozenset[str] | set[str] = frozenset()
+                  ) -> None:
         """Record one job's fault (sftq.record_job_fault: a tick_error event, and at
         SFTQ_JOB_FAULT_LIMIT ticks in a row the job ends FAIL permanent)."""
-        error = short(f"{type(exc).__name__}: {exc}")
-        logger.warning("tick %s: %s %s failed: %s", self.lease.tick_id, phase, job_id, error,
-                       exc_info=exc)
+        secrets = set(secrets)
+        error = short(redact(f"{type(exc).__name__}: {exc}", secrets))
+        trace = redact("".join(traceback.format_exception(exc)), secrets)
+        logger.warning("tick %s: %s %s failed: %s\n%s", self.lease.tick_id, phase, job_id,
+                       error, trace.rstrip())
         self.error(f"{phase} {job_id}: {error}")
         self.faulted.add(job_id)
         entry: dict[str, Any] = {"job_id": str(job_id), "phase": phase, "error": error,

@@ -28,7 +28,7 @@ def preflight(tick: Tick, work: list[Work]) -> None:
     for job_id, kind, payload, gpu_count in rows:
         tick.lease.keep()
         tick.check_provider()
-        with tick.job(job_id, "preflight"):
+        with tick.job(job_id, "preflight", kind, payload):
             _check_one(tick, job_id, kind, dict(payload or {}), gpu_count, cache)
 
 

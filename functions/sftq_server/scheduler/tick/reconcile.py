@@ -39,7 +39,7 @@ def reconcile(tick: Tick, work: list[Work]) -> None:
         tick.check_provider()
         if len(jobs) <= LIST_THRESHOLD:
             for w in jobs:
-                with tick.job(w.job_id, "reconcile", w.kind):
+                with tick.job(w.job_id, "reconcile", w.kind, w.fireworks_payload):
                     reconcile_one(tick, w, None)
             continue
         try:
@@ -64,11 +64,11 @@ def reconcile(tick: Tick, work: list[Work]) -> None:
                                                    w.provider_checked_at or datetime.min,
                                                    w.job_id))
             for w in fallback[: max(0, tick.settings.reconcile_get_limit)]:
-                with tick.job(w.job_id, "reconcile", w.kind):
+                with tick.job(w.job_id, "reconcile", w.kind, w.fireworks_payload):
                     reconcile_one(tick, w, None)
             continue
         for w in jobs:
-            with tick.job(w.job_id, "reconcile", w.kind):
+            with tick.job(w.job_id, "reconcile", w.kind, w.fireworks_payload):
                 reconcile_one(tick, w, seen.get(w.provider_id))
 
 

@@ -65,7 +65,8 @@ def retry_submissions(tick: Tick, work: list[Work]) -> None:
             continue  # still in its backoff
         tick.lease.keep()
         tick.check_provider()
-        with tick.job(w.job_id, "last_check" if exhausted else "submit", w.kind):
+        with tick.job(w.job_id, "last_check" if exhausted else "submit", w.kind,
+                      w.fireworks_payload):
             if exhausted:
                 last_check(tick, w.job_id, w.kind)
             elif w.job_id in held:
@@ -130,10 +131,10 @@ def submit_admitted(tick: Tick, jobs: Iterable[dict[str, Any]]) -> None:
             tick.db.scalar(sql.RECORD_SUBMIT_SKIPPED, (job_id, tick.why_not_attempted()))
             continue
         kind = str(job["kind"])
+        body = dict(job.get("fireworks_payload") or {})
         try:
-            with tick.job(job_id, "submit", kind):
-                submit(tick, job_id, kind, dict(job.get("fireworks_payload") or {}),
-                       int(job["gpu_count"]))
+            with tick.job(job_id, "submit", kind, body):
+                submit(tick, job_id, kind, body, int(job["gpu_count"]))
         except ProviderDown:
             # Its own create found the credentials refused: it waits, with the reason
             # (no attempt counted), like the jobs after it.
