@@ -129,8 +129,14 @@ def test_a_dataset_name_with_a_trailing_newline_stops_nobody(
         # itself answers its create, which the submit phase handles).
         assert state(conn, bad) == "QUEUED" and tick_errors(conn, bad) == []
         return
-    # One error event a tick, each listed in that tick's answer; the third ends the job.
     seen = tick_errors(conn, bad)
+    if not seen and job(conn, bad)["state"] == "FAIL":
+        # A provider client that refuses the name itself makes it a definite pre-flight
+        # finding: the job ends at once, which isolates it too (the other tests here inject
+        # their faults and do not depend on the client).
+        assert job(conn, bad)["failure_class"] == "permanent"
+        return
+    # One error event a tick, each listed in that tick's answer; the third ends the job.
     assert [e["detail"]["tick_id"] for e in seen] == [a["tick_id"] for a in answers]
     assert [[(e["phase"], e["ended"]) for e in a["job_errors"]] for a in answers] == [
         [("preflight", False)], [("preflight", False)], [("preflight", True)]]
