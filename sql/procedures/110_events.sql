@@ -105,6 +105,9 @@ AS $$
                              THEN format(' (and %s more; the job''s error field lists them)',
                                          jsonb_array_length(x.j -> 'findings') - 1) ELSE '' END
                      || '. It was never sent to the provider.'
+                 WHEN x.reason = 'tick_errors' THEN
+                     format('Failed: the scheduler could not handle it on %s ticks in a row; the job''s error field holds the last error.',
+                            COALESCE(x.j ->> 'faults', '?'))
                  WHEN x.reason = 'submission_gave_up' THEN
                      format('Failed: the provider could not be reached to create it (%s failed attempts over %s); the job''s error field holds the last answer.',
                             COALESCE(x.j ->> 'attempts', '?'),
@@ -123,6 +126,12 @@ AS $$
                      format('Cancelled: it waited longer than its queue timeout (%s) without being admitted.',
                             sftq._human_seconds((x.j ->> 'queue_timeout_seconds')::numeric))
                  ELSE 'Cancelled: it waited longer than its queue timeout without being admitted.' END
+        WHEN 'tick_error' THEN
+            format('The scheduler could not handle it (%s step: %s)%s', COALESCE(x.j ->> 'phase', '?'),
+                   left(COALESCE(x.j ->> 'error', x.j ->> 'error_type', 'an error'), 300),
+                   CASE WHEN (x.j ->> 'ends_job')::boolean IS TRUE THEN '; that was one time too many, so it fails.'
+                        ELSE format('; fault %s of %s in a row, the scheduler tries again at its next tick.',
+                                    COALESCE(x.j ->> 'fault', '?'), COALESCE(x.j ->> 'limit', '?')) END)
         WHEN 'retried' THEN
             CASE WHEN x.j ? 'new_job_id' THEN format('Retried as job %s.', x.j ->> 'new_job_id')
                  ELSE 'Retried as a new job.' END
@@ -131,7 +140,7 @@ AS $$
       FROM x
 $$;
 COMMENT ON FUNCTION sftq.event_message(text, text, text, text, jsonb) IS
-    'A sentence for a person about one event, from its type, the state before it, its actor and its (redacted) detail. Covers every type the event log holds (queued, admitted, preflight_failed, submitted, submit_retry, provider_state, cancel_requested, cancelled, succeeded, failed, submission_rejected, reconciled, queue_timeout, retried; failed/cancelled with detail.reason and failure_class) and words any other type generically. Names only the job''s own ids, never another user. Pure.';
+    'A sentence for a person about one event, from its type, the state before it, its actor and its (redacted) detail. Covers every type the event log holds (queued, admitted, preflight_failed, submitted, submit_retry, provider_state, cancel_requested, cancelled, succeeded, failed, submission_rejected, reconciled, queue_timeout, retried, tick_error; failed/cancelled with detail.reason and failure_class) and words any other type generically. Names only the job''s own ids, never another user. Pure.';
 
 CREATE OR REPLACE FUNCTION sftq.event_json(e sftq.job_events)
 RETURNS json

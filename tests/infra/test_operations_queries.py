@@ -38,6 +38,9 @@ def test_every_example_runs(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SELECT sftq.webhook_create(%s, gen_random_uuid(), 'https://hooks.example.com/',"
                  " ARRAY['job.*'], NULL, 'v0:x')", (row[0],))
     conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (row[0],))
+    # A job the tick could not handle once (the job-faults query shows it).
+    conn.execute("SELECT sftq.record_job_fault(id, 1, 'preflight', 'InvalidURL', 'x', 3)"
+                 "  FROM sftq.jobs WHERE user_id = %s", (row[0],))
     for body in _blocks("sql"):
         try:
             cur = conn.execute(body)

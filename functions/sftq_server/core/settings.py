@@ -100,6 +100,10 @@ class Settings:
     queue_timeout_seconds: int | None = None
     # When a kind's list call fails, GET this many of its least recently checked jobs.
     reconcile_get_limit: int = 20
+    # A job whose handling by the tick fails the same way (an error no phase expected) on
+    # this many ticks in a row ends FAIL permanent with the error (0: never; each fault is
+    # still recorded on the job as a tick_error event). docs/scheduling.md, Faults.
+    job_fault_limit: int = 3
     # Set (SFTQ_DEV_STACK=1) only by a local development stack: scheduler-tick then accepts a
     # tick secret shorter than 32 characters. Everywhere else a short one stops it starting.
     dev_stack: bool = False
@@ -167,6 +171,7 @@ class Settings:
             submit_backoff_seconds=_float("SFTQ_SUBMIT_BACKOFF_SECONDS", 5.0),
             queue_timeout_seconds=_queue_timeout("SFTQ_QUEUE_TIMEOUT_SECONDS"),
             reconcile_get_limit=_int("SFTQ_RECONCILE_GET_LIMIT", 20),
+            job_fault_limit=_int("SFTQ_JOB_FAULT_LIMIT", 3),
             dev_stack=os.environ.get("SFTQ_DEV_STACK", "") == "1",
             webhooks_key=os.environ.get("SFTQ_WEBHOOKS_KEY", ""),
             webhooks_allow_private=_bool("SFTQ_WEBHOOKS_ALLOW_PRIVATE"),

@@ -155,6 +155,11 @@ GIVE_UP_SUBMISSION = "SELECT sftq.give_up_submission(%s)"
 PREFLIGHT_WORK = "SELECT * FROM sftq.preflight_work(%s, make_interval(secs => %s))"
 RECORD_PREFLIGHT = "SELECT sftq.record_preflight(%s, %s, %s::jsonb, %s::jsonb)"
 FAIL_PREFLIGHT = "SELECT sftq.fail_preflight(%s, %s::jsonb, %s, %s::jsonb)"
+# Per-job fault isolation (sql/procedures/185_job_faults.sql): record one job's fault (and
+# end the job at the limit); the jobs with a run of faults going; end those runs.
+RECORD_JOB_FAULT = "SELECT sftq.record_job_fault(%s, %s, %s, %s, %s, %s)"
+FAULTED_JOBS = "SELECT sftq.faulted_jobs()"
+CLEAR_JOB_FAULTS = "SELECT sftq.clear_job_faults(%s::uuid[])"
 # The end of a Retry-After an earlier tick was given (NULL: none running).
 PROVIDER_BACKOFF_UNTIL = "SELECT sftq.provider_backoff_until()"
 # What the provider says of one PROGRESS job: state, message, status code, progress, cost.

@@ -21,8 +21,9 @@ def finish_cancels(tick: Tick, work: list[Work]) -> None:
         tick.check_provider()
         # Stopped even when never submitted: a create from a tick killed mid-way may
         # have reached the provider under this deterministic id (a 404 is fine).
-        stop_and_complete(tick, w.job_id, w.kind, w.provider_id,
-                          submitted=w.submitted_at is not None)
+        with tick.job(w.job_id, "cancel", w.kind, w.fireworks_payload):
+            stop_and_complete(tick, w.job_id, w.kind, w.provider_id,
+                              submitted=w.submitted_at is not None)
 
 
 def stop_and_complete(tick: Tick, job_id: uuid.UUID, kind: str, pid: str, *,

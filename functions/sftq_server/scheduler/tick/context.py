@@ -7,18 +7,22 @@ tick's `Work` rows; none of them holds state of its own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import time
+import traceback
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from sftq_server import db as sql
-from sftq_server.core.errors import Conflict, NotFound
+from sftq_server.core.errors import Conflict, NotFound, SftqError, Unavailable
 from sftq_server.core.settings import Settings
 from sftq_server.db import Database
 from sftq_server.provider import (
@@ -58,6 +62,65 @@ class LeaseLost(Exception):
 
 class ProviderDown(Exception):
     """The tick gave up on the provider for the rest of this tick."""
+
+
+# SQLSTATE classes that speak of the database itself, not of one job: a lost connection
+# (08), no resources (53), an operator's shutdown (57), a system error (58, XX), and a
+# deployment that does not match the code (42: a missing procedure, a missing grant).
+# They end the tick, as before; any other error while handling a job is that job's fault.
+DATABASE_WIDE_SQLSTATE = ("08", "42", "53", "57", "58", "XX")
+
+
+# The keys whose values are secrets, as sql/procedures/000_common.sql's sftq.redact_secrets
+# reads them: an error that quotes a payload must not carry them into an event, the tick's
+# answer and row, or the log.
+SECRET_KEY = re.compile(r"apikey|api_key|secret|token|password")
+
+
+def secret_values(value: Any) -> set[str]:
+    """The text of every value under a secret-looking key of a payload, at any depth."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if SECRET_KEY.search(str(key).lower()):
+                if isinstance(item, dict | list):
+                    found |= _leaves(item)
+                elif item is not None and str(item):
+                    found.add(str(item))
+            else:
+                found |= secret_values(item)
+    elif isinstance(value, list):
+        for item in value:
+            found |= secret_values(item)
+    return found
+
+
+def _leaves(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        return set().union(*(_leaves(v) for v in value.values())) if value else set()
+    if isinstance(value, list):
+        return set().union(*(_leaves(v) for v in value)) if value else set()
+    return {str(value)} if value is not None and str(value) else set()
+
+
+def redact(text: str, secrets: set[str]) -> str:
+    """`text` with every secret value replaced (the longest first; very short values are
+    left alone, they would redact ordinary words)."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= 4:
+            text = text.replace(secret, "[REDACTED]")
+    return text
+
+
+def tick_wide(exc: BaseException) -> bool:
+    """Whether an error raised while handling one job must end the phase or the tick rather
+    than be recorded on the job: the lease, the provider breaker, or the database gone."""
+    if isinstance(exc, LeaseLost | ProviderDown | Unavailable):
+        return True
+    if isinstance(exc, SftqError):
+        sqlstate = str(getattr(exc.__cause__, "sqlstate", None) or "")
+        return sqlstate[:2] in DATABASE_WIDE_SQLSTATE
+    return False
 
 
 class Work(NamedTuple):
@@ -181,6 +244,12 @@ class Tick:
     preflight_checked: int = 0
     # The end of a 429's Retry-After (epoch seconds) this tick met or started inside.
     backoff_until: float | None = None
+    # Per-job faults (Tick.job): what the answer lists, the jobs with a run of faults going
+    # when the tick began, and the jobs this tick handled without a fault, or with one.
+    job_errors: list[dict[str, Any]] = field(default_factory=list)
+    fault_runs: set[uuid.UUID] = field(default_factory=set)
+    handled: set[uuid.UUID] = field(default_factory=set)
+    faulted: set[uuid.UUID] = field(default_factory=set)
     # The account probe after a 401/403 on a job: run at most once per tick.
     _probed: bool = False
     _probe_ok: bool = False
@@ -214,6 +283,78 @@ class Tick:
         except (NotFound, Conflict) as exc:
             self.error(f"{what}: {exc.message}")
             return None
+
+    # -- one job's handling, isolated from the others ----------------------------------
+
+    @contextlib.contextmanager
+    def job(self, job_id: uuid.UUID, phase: str, kind: str | None = None,
+            payload: Any = None) -> Iterator[None]:
+        """Handle one job: whatever goes wrong inside (any exception: a bug, an odd name,
+        an answer nobody expected) is recorded on this job and the tick goes on with the
+        others. What concerns the whole tick (tick_wide) still ends the phase or the tick.
+        `payload` is the job's fireworks_payload: its secrets are kept out of the record."""
+        try:
+            yield
+        except Exception as exc:
+            if tick_wide(exc):
+                raise
+            self.job_fault(job_id, phase, exc, kind, secret_values(payload))
+        else:
+            self.handled.add(job_id)
+
+    def job_fault(self, job_id: uuid.UUID, phase: str, exc: Exception,
+                  kind: str | None = None, secrets: frozenset[str] | set[str] = frozenset()
+                  ) -> None:
+        """Record one job's fault (sftq.record_job_fault: a tick_error event, and at
+        SFTQ_JOB_FAULT_LIMIT ticks in a row the job ends FAIL permanent)."""
+        secrets = set(secrets)
+        error = short(redact(f"{type(exc).__name__}: {exc}", secrets))
+        trace = redact("".join(traceback.format_exception(exc)), secrets)
+        logger.warning("tick %s: %s %s failed: %s\n%s", self.lease.tick_id, phase, job_id,
+                       error, trace.rstrip())
+        self.error(f"{phase} {job_id}: {error}")
+        self.faulted.add(job_id)
+        entry: dict[str, Any] = {"job_id": str(job_id), "phase": phase, "error": error,
+                                 "ended": False}
+        if len(self.job_errors) < MAX_ERRORS:
+            self.job_errors.append(entry)
+        try:
+            answer = as_dict(self.db.scalar(sql.RECORD_JOB_FAULT, (
+                job_id, self.lease.tick_id, phase, type(exc).__name__, error,
+                self.settings.job_fault_limit)))
+        except SftqError as db_exc:
+            if tick_wide(db_exc):
+                raise
+            self.error(f"{phase} {job_id}: could not record the fault: {db_exc.message}")
+            return
+        if not answer.get("ended"):
+            return
+        entry["ended"] = True
+        self.ended(job_id, "FAIL")
+        if answer.get("submitted") and kind is not None:
+            self._stop_after_fault(job_id, kind, str(answer.get("fireworks_job_name") or ""))
+
+    def _stop_after_fault(self, job_id: uuid.UUID, kind: str, name: str) -> None:
+        # The job ended FAIL while its provider job may still run: stop that job once, as a
+        # cancel would. Nothing will look at it again, so say so when the stop cannot go.
+        pid = name.rsplit("/", 1)[-1] if name else provider_job_id(job_id)
+        if self.provider_down:
+            self.error(f"stop {job_id}: not attempted (the provider is not being called this "
+                       f"tick); provider job {pid} may still be running")
+            return
+        try:
+            self.provider.stop_job(kind, pid)
+        except Exception as exc:  # noqa: BLE001 - one more fault of a job that has ended
+            if isinstance(exc, ProviderError):
+                self.provider_failed(exc, f"stop {job_id}")
+            self.error(f"stop {job_id}: provider job {pid} may still be running: "
+                       f"{type(exc).__name__}: {exc}")
+        else:
+            self.provider_ok()
+
+    def faults_cleared(self) -> list[uuid.UUID]:
+        """The jobs whose run of faults this tick ended: handled without a fault."""
+        return sorted(j for j in self.fault_runs if j in self.handled and j not in self.faulted)
 
     # -- the provider, with a per-tick breaker ------------------------------------------
 
@@ -328,6 +469,7 @@ class Tick:
             "usage_after": self.usage_after,
             "usage_counted_gpus": self.usage_counted_gpus,
             "errors": errors,
+            "job_errors": list(self.job_errors),
             "provider_calls": provider_calls,
             "duration_ms": duration_ms,
         }

@@ -6,6 +6,8 @@ head first; a job whose dataset, evaluator or model does not exist ends FAIL bef
 from __future__ import annotations
 
 import json
+import uuid
+from typing import Any
 
 from sftq_server import db as sql
 from sftq_server.scheduler.tick.context import Tick, Work
@@ -22,30 +24,34 @@ def preflight(tick: Tick, work: list[Work]) -> None:
                             (s.preflight_tick_limit, PREFLIGHT_RETRY_SECONDS))
     if not rows:
         return
-    from sftq_server.preflight import findings_json
-    from sftq_server.preflight.resources import check_resources
-
     cache: dict[str, tuple[str, str]] = {}
     for job_id, kind, payload, gpu_count in rows:
         tick.lease.keep()
         tick.check_provider()
-        report = check_resources(tick.provider, kind, dict(payload or {}), gpu_count,
-                                 budget_seconds=tick.provider.timeout, cache=cache)
-        for exc in report.failures:
-            tick.provider_failed(exc, f"pre-flight {job_id}")
-        warnings = findings_json(report.warnings)
-        if report.errors:
-            findings = findings_json(report.errors)
-            message = "pre-flight: " + "; ".join(f.message for f in report.errors)
-            state = tick.call(sql.FAIL_PREFLIGHT, (job_id, findings, message, warnings),
-                              f"pre-flight {job_id}")
-            if state == "FAIL":
-                tick.failed += 1
-                tick.preflight_failed += 1
-            continue
-        outcome = "checked" if report.answered else "unanswered"
-        cost = json.dumps(report.estimated_cost) if report.estimated_cost is not None \
-            else None
-        tick.call(sql.RECORD_PREFLIGHT, (job_id, outcome, warnings, cost),
-                  f"pre-flight {job_id}")
-        tick.preflight_checked += report.answered
+        with tick.job(job_id, "preflight", kind, payload):
+            _check_one(tick, job_id, kind, dict(payload or {}), gpu_count, cache)
+
+
+def _check_one(tick: Tick, job_id: uuid.UUID, kind: str, payload: dict[str, Any],
+               gpu_count: int, cache: dict[str, tuple[str, str]]) -> None:
+    from sftq_server.preflight import findings_json
+    from sftq_server.preflight.resources import check_resources
+
+    report = check_resources(tick.provider, kind, payload, gpu_count,
+                             budget_seconds=tick.provider.timeout, cache=cache)
+    for exc in report.failures:
+        tick.provider_failed(exc, f"pre-flight {job_id}")
+    warnings = findings_json(report.warnings)
+    if report.errors:
+        findings = findings_json(report.errors)
+        message = "pre-flight: " + "; ".join(f.message for f in report.errors)
+        state = tick.call(sql.FAIL_PREFLIGHT, (job_id, findings, message, warnings),
+                          f"pre-flight {job_id}")
+        if state == "FAIL":
+            tick.failed += 1
+            tick.preflight_failed += 1
+        return
+    outcome = "checked" if report.answered else "unanswered"
+    cost = json.dumps(report.estimated_cost) if report.estimated_cost is not None else None
+    tick.call(sql.RECORD_PREFLIGHT, (job_id, outcome, warnings, cost), f"pre-flight {job_id}")
+    tick.preflight_checked += report.answered

@@ -14,7 +14,14 @@ from typing import Any
 from sftq_server import db as sql
 from sftq_server.provider import AuthError, ProviderError, ProviderJob
 from sftq_server.provider import NotFound as ProviderNotFound
-from sftq_server.scheduler.tick.context import Tick, Work, as_dict, logger, observation
+from sftq_server.scheduler.tick.context import (
+    Tick,
+    Work,
+    as_dict,
+    logger,
+    observation,
+    tick_wide,
+)
 
 # Above this many submitted jobs of one kind, reconcile lists the collection (200 a page)
 # instead of one GET per job, so provider calls grow with pages, not with jobs.
@@ -32,7 +39,8 @@ def reconcile(tick: Tick, work: list[Work]) -> None:
         tick.check_provider()
         if len(jobs) <= LIST_THRESHOLD:
             for w in jobs:
-                reconcile_one(tick, w, None)
+                with tick.job(w.job_id, "reconcile", w.kind, w.fireworks_payload):
+                    reconcile_one(tick, w, None)
             continue
         try:
             seen = _list(tick, kind, {w.provider_id for w in jobs})
@@ -42,6 +50,13 @@ def reconcile(tick: Tick, work: list[Work]) -> None:
         except ProviderError as exc:
             tick.provider_failed(exc, f"reconcile {kind}: list")
             seen = None
+        except Exception as exc:
+            # Anything else about the listing (an item nobody expected): no job is to blame,
+            # so the kind falls back to GETs, which isolate whichever job it was.
+            if tick_wide(exc):
+                raise
+            tick.error(f"reconcile {kind}: list: {type(exc).__name__}: {exc}")
+            seen = None
         if seen is None:
             # Listing is down: GET the least recently checked few, so that every job of
             # the kind is reached over a few ticks, at a bounded cost per tick.
@@ -49,10 +64,12 @@ def reconcile(tick: Tick, work: list[Work]) -> None:
                                                    w.provider_checked_at or datetime.min,
                                                    w.job_id))
             for w in fallback[: max(0, tick.settings.reconcile_get_limit)]:
-                reconcile_one(tick, w, None)
+                with tick.job(w.job_id, "reconcile", w.kind, w.fireworks_payload):
+                    reconcile_one(tick, w, None)
             continue
         for w in jobs:
-            reconcile_one(tick, w, seen.get(w.provider_id))
+            with tick.job(w.job_id, "reconcile", w.kind, w.fireworks_payload):
+                reconcile_one(tick, w, seen.get(w.provider_id))
 
 
 def _list(tick: Tick, kind: str, wanted: set[str]) -> dict[str, ProviderJob]:

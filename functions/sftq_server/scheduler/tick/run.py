@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import uuid
 from datetime import UTC
 from typing import Any
 
@@ -98,6 +99,7 @@ def _calls_since(before: dict[tuple[str, str], int],
 def _phases(tick: Tick) -> None:
     rows = tick.db.fetchall(sql.SCHEDULER_WORK)
     work = [Work(*row) for row in rows]
+    tick.fault_runs = {uuid.UUID(str(row[0])) for row in tick.db.fetchall(sql.FAULTED_JOBS)}
     until = tick.db.scalar(sql.PROVIDER_BACKOFF_UNTIL)
     if until is not None:
         # An earlier tick was told to wait (429 Retry-After) until then: no provider call
@@ -116,6 +118,9 @@ def _phases(tick: Tick) -> None:
     with contextlib.suppress(ProviderDown):
         reread_quota(tick)
     tick.lease.keep(force=True)
+    if tick.fault_runs:
+        # Jobs handled without a fault this time: their runs of faults end.
+        tick.db.scalar(sql.CLEAR_JOB_FAULTS, (tick.faults_cleared(),))
     # The queue's stretch counts (sql/procedures/062_queue_buckets.sql), in a transaction of
     # their own: the seal holds the admission gate exclusively, briefly, after admission.
     tick.db.scalar(sql.QUEUE_SEAL)

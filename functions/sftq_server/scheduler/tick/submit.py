@@ -65,15 +65,17 @@ def retry_submissions(tick: Tick, work: list[Work]) -> None:
             continue  # still in its backoff
         tick.lease.keep()
         tick.check_provider()
-        if exhausted:
-            last_check(tick, w.job_id, w.kind)
-        elif w.job_id in held:
-            # Admitted by an earlier tick into room the quota no longer has: it keeps
-            # its place and slot, and waits for room without using up an attempt.
-            tick.db.scalar(sql.RECORD_SUBMIT_SKIPPED, (w.job_id, held[w.job_id]))
-            tick.creates_held += 1
-        else:
-            submit(tick, w.job_id, w.kind, w.fireworks_payload or {}, w.gpu_count)
+        with tick.job(w.job_id, "last_check" if exhausted else "submit", w.kind,
+                      w.fireworks_payload):
+            if exhausted:
+                last_check(tick, w.job_id, w.kind)
+            elif w.job_id in held:
+                # Admitted by an earlier tick into room the quota no longer has: it keeps
+                # its place and slot, and waits for room without using up an attempt.
+                tick.db.scalar(sql.RECORD_SUBMIT_SKIPPED, (w.job_id, held[w.job_id]))
+                tick.creates_held += 1
+            else:
+                submit(tick, w.job_id, w.kind, w.fireworks_payload or {}, w.gpu_count)
 
 
 def _held_for_room(tick: Tick, pending: list[Work]) -> dict[uuid.UUID, str]:
@@ -128,9 +130,11 @@ def submit_admitted(tick: Tick, jobs: Iterable[dict[str, Any]]) -> None:
             # Admitted but not tried: say why on the job; the next tick submits it.
             tick.db.scalar(sql.RECORD_SUBMIT_SKIPPED, (job_id, tick.why_not_attempted()))
             continue
+        kind = str(job["kind"])
+        body = dict(job.get("fireworks_payload") or {})
         try:
-            submit(tick, job_id, str(job["kind"]), dict(job.get("fireworks_payload") or {}),
-                   int(job["gpu_count"]))
+            with tick.job(job_id, "submit", kind, body):
+                submit(tick, job_id, kind, body, int(job["gpu_count"]))
         except ProviderDown:
             # Its own create found the credentials refused: it waits, with the reason
             # (no attempt counted), like the jobs after it.
