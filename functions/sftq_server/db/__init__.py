@@ -183,6 +183,11 @@ API_SUBMIT_MANY = (
     "FROM sftq.api_submit_many(%b::bytea[], %b::text[], %b::jsonb[], %b::text[], %b::int[], "
     "%b::text[], %b::int[], %s::int)"
 )
+# POST /jobs with "after" or "max_run_seconds" (issue 53): one request, its own transaction.
+API_SUBMIT_JOB = (
+    "SELECT body::text, replayed, job_id "
+    "FROM sftq.api_submit_job(%s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s::text[], %s)"
+)
 # Authenticate + retry one of the caller's FAIL or CANCELLED jobs as a new job.
 API_RETRY_JOB = "SELECT body::text, replayed, job_id FROM sftq.api_retry_job(%s, %s, %s, %s)"
 # After POST /jobs: what its pre-flight learned (warnings, cost, whether the provider answered).
