@@ -236,6 +236,7 @@ def test_list_json_and_filters(sftq: Run, api: FakeJobsApi) -> None:
         "completed_at", "error", "fireworks_job_name",
         "failure_class", "retry_of",  # added since the contract (issue 10)
         "warnings", "estimated_cost",  # and by the pre-flight (issue 44)
+        "after", "max_run_seconds", "stalled", "stalled_since",  # and issue 53
     }  # fmt: skip
     # A plain list is one page of the newest jobs (GET /jobs without limit would be all).
     assert dict(api.requests[0].url.params) == {"state": "PROGRESS", "kind": "RFT", "limit": "100"}
