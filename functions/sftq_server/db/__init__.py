@@ -167,6 +167,9 @@ RECORD_USAGE_READING = (
 QUEUE_SEAL = "SELECT sftq.queue_seal()"
 # Cancel QUEUED jobs whose queue timeout ran out; answers how many.
 EXPIRE_QUEUED = "SELECT sftq.expire_queued()"
+# Run limits (issue 53): record the cancels of jobs past their bound (run_timeout) and the
+# stalled events; a row (job_id, kind, fireworks_job_name, action) per job touched.
+RUN_LIMITS = "SELECT job_id, kind, fireworks_job_name, action FROM sftq.run_limits(%s, %s)"
 
 # --- jobs-api: retry and queue timeouts -----------------------------------------------
 # Authenticate + enqueue with the caller's queue timeout (or the operator's default).
