@@ -87,7 +87,8 @@ def test_sft_then_dpo_runs_in_order_while_another_users_later_job_passes(
     assert why["code"] == "waiting_for_dependency"
     assert sft in why["message"] and "PROGRESS" in why["message"]
     queue = analytics.get("/jobs/analytics/queue", alice).json  # type: ignore[union-attr]
-    assert [j["waiting_reason"]["code"] for j in queue["your_queued_jobs"]] == ["waiting_for_dependency"]
+    codes = [j["waiting_reason"]["code"] for j in queue["your_queued_jobs"]]
+    assert codes == ["waiting_for_dependency"]
     assert tick()["admitted"] == []
 
     # The SFT succeeds at Fireworks: the tick that sees it admits the DPO in the same pass.
@@ -99,7 +100,8 @@ def test_sft_then_dpo_runs_in_order_while_another_users_later_job_passes(
     created_at_sim = {j["name"].rsplit("/", 1)[-1]: j for j in sim.jobs()}[pid(dpo)]
     assert created_at_sim["trainingConfig"]["warmStartFrom"] == SFT_PAYLOAD["outputModel"]
     events = [e["type"] for e in api.get(f"/jobs/{dpo}/events", alice).json["data"]]  # type: ignore[index]
-    assert events[:4] == ["queued", "waiting_for_dependency", "dependencies_met", "admitted"], events
+    assert events[:4] == ["queued", "waiting_for_dependency", "dependencies_met",
+                          "admitted"], events
 
 
 def test_a_failed_dependency_cancels_the_dependent_with_the_reason(
@@ -115,7 +117,8 @@ def test_a_failed_dependency_cancels_the_dependent_with_the_reason(
     assert shown["state"] == "CANCELLED"
     assert shown["error"] == f"cancelled: job {sft}, which this job runs after, ended FAIL"
     assert job(api, alice, tail)["state"] == "CANCELLED"
-    assert job(api, alice, tail)["error"] == f"cancelled: job {dpo}, which this job runs after, ended CANCELLED"
+    assert job(api, alice, tail)["error"] == (
+        f"cancelled: job {dpo}, which this job runs after, ended CANCELLED")
     events = api.get(f"/jobs/{dpo}/events", alice).json["data"]  # type: ignore[index]
     assert events[-1]["type"] == "dependency_failed", events
     assert events[-1]["data"]["after"] == sft and events[-1]["data"]["after_state"] == "FAIL"

@@ -45,10 +45,10 @@ from sftq_server.http.group_commit import Answer, GroupCommit, Params
 from sftq_server.http.models import (
     DEFAULT_PAGE_SIZE,
     KINDS,
+    MAX_AFTER,
     MAX_DISPLAY_NAME,
     MAX_GPU_COUNT,
     MAX_PAGE_SIZE,
-    MAX_AFTER,
     MAX_QUEUE_TIMEOUT,
     MAX_RUN_SECONDS,
     MIN_RUN_SECONDS,
