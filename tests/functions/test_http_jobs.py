@@ -291,8 +291,9 @@ def test_unknown_fields_are_rejected_by_name(api: Api, alice: str) -> None:
     err = assert_error(resp, 400, "unknown_field")
     assert "gpus" in err["error"] and "displayName" in err["error"]
     assert err["details"]["unknown_fields"] == ["displayName", "gpus"]
-    assert err["details"]["allowed_fields"] == ["display_name", "fireworks_payload", "gpu_count",
-                                                "kind", "queue_timeout_seconds", "validate"]
+    assert err["details"]["allowed_fields"] == ["after", "display_name", "fireworks_payload",
+                                                "gpu_count", "kind", "max_run_seconds",
+                                                "queue_timeout_seconds", "validate"]
     assert api.get("/jobs", alice).json == []
 
 
