@@ -171,6 +171,20 @@ def test_the_waiting_reason_names_the_dependency(q: Q, two: dict[str, Any]) -> N
     # The job behind the waiting one is behind the SFT only (one own job ahead, not two).
     assert rows[later][1] == "behind_own_queued_job"
     assert "Behind 1 of your own" in rows[later][2]
+    # The operators' preview says the same.
+    preview = {UUID(str(r[0])): r[1:] for r in q.all(
+        "SELECT job_id, decision, reason, code FROM sftq.preview_admission(16)")}
+    assert preview[dpo] == ("wait", f"waits for job {sft} (after)", "waiting_for_dependency")
+    assert preview[sft][0] == "admit" and preview[later][2] == "behind_own_queued_job"
+    # GET /queue: the owner reads the reason; everyone else a sentence naming no job.
+    items = q.one("SELECT sftq.public_queue(%s, 10, now(), %s, %s)",
+                  two["bob"], TICK, GRACE)["items"]
+    theirs = [i for i in items if i["waiting_reason"]["code"] == "waiting_for_dependency"]
+    assert len(theirs) == 1 and str(sft) not in json.dumps(theirs)
+    mine = q.one("SELECT sftq.public_queue(%s, 10, now(), %s, %s)",
+                 two["alice"], TICK, GRACE)["items"]
+    assert [i["waiting_reason"]["code"] for i in mine] == [
+        "next_tick", "waiting_for_dependency", "behind_own_queued_job"]
 
 
 def test_run_timeout_records_a_cancel_and_completes_with_its_reason(q: Q, two: dict[str, Any]) -> None:
