@@ -122,6 +122,7 @@ def test_a_failed_dependency_cancels_the_dependent_with_the_reason(
     events = api.get(f"/jobs/{dpo}/events", alice).json["data"]  # type: ignore[index]
     assert events[-1]["type"] == "dependency_failed", events
     assert events[-1]["data"]["after"] == sft and events[-1]["data"]["after_state"] == "FAIL"
+    assert events[-1]["message"] == f"Cancelled: job {sft}, which it runs after, ended FAIL."
 
 
 def test_after_refusals(api: Api, alice: str, bob: str) -> None:
