@@ -288,7 +288,17 @@ BEGIN
     SELECT * INTO v_row FROM sftq.enqueue(v_user, p_kind, p_payload, p_display_name, p_gpu_count,
                                           p_idempotency_key, NULL, p_queue_timeout_seconds, NULL,
                                           p_default_queue_timeout);
-    IF NOT v_row.replayed THEN
+    IF v_row.replayed THEN
+        -- The request hash (030) predates these fields: a replay must also ask for the same.
+        IF EXISTS (SELECT 1 FROM sftq.jobs j WHERE j.id = v_row.id
+                      AND (j.after IS DISTINCT FROM NULLIF(v_after, '{}')
+                           OR (p_max_run_seconds IS NOT NULL
+                               AND j.max_run_seconds IS DISTINCT FROM p_max_run_seconds))) THEN
+            RAISE EXCEPTION USING ERRCODE = 'SQ419',
+                MESSAGE = 'this Idempotency-Key was already used with a different request body',
+                DETAIL = json_build_object('job_id', v_row.id)::text;
+        END IF;
+    ELSE
         IF p_max_run_seconds IS NOT NULL THEN
             UPDATE sftq.jobs j SET max_run_seconds = p_max_run_seconds WHERE j.id = v_row.id;
         END IF;

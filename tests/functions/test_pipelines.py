@@ -154,3 +154,19 @@ def test_max_run_seconds_is_validated_and_shown(api: Api, alice: str) -> None:
     assert job(api, alice, created["id"])["max_run_seconds"] == 3600
     for bad in (59, 2_592_001, "60", 60.5):
         assert_error(api.submit(alice, max_run_seconds=bad), 400, "validation_error")
+
+
+def test_an_idempotent_replay_must_ask_for_the_same_after(api: Api, alice: str) -> None:
+    first, second = submit(api, alice)["id"], submit(api, alice)["id"]
+
+    def post(after: list[str]) -> Any:
+        body = {"kind": "DPO", "fireworks_payload": DPO_PAYLOAD, "after": after}
+        return api.post("/jobs", alice, data=json.dumps(body), content_type="application/json",
+                        headers={"Idempotency-Key": "pipeline-1"})
+
+    made = post([first])
+    assert made.status_code == 201
+    again = post([first[:8]])  # the same job, named by its prefix
+    assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json["id"] == made.json["id"]  # type: ignore[index]
+    assert_error(post([second]), 409, "idempotency_conflict")
