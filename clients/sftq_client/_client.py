@@ -8,7 +8,7 @@ stream and the webhook endpoints are resources of their own (``resources/``).
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from functools import cached_property
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -121,6 +121,8 @@ class Client:
         idempotency_key: str | None = None,
         queue_timeout_seconds: int | None = None,
         validate: bool = True,
+        after: Sequence[str | SubmitResult | Job] | None = None,
+        max_run_seconds: int | None = None,
     ) -> SubmitResult:
         """Enqueue a job. A fresh Idempotency-Key is generated unless one is given.
 
@@ -128,6 +130,12 @@ class Client:
         it was submitted, the scheduler cancels it. ``validate=False`` skips the queue's
         pre-flight check of ``fireworks_payload`` (a definite error otherwise raises
         BadRequest with code ``invalid_fireworks_payload``; doubts come back in ``warnings``).
+
+        ``after`` (up to 20 of your jobs: ids, id prefixes, or the SubmitResult / Job of
+        each): the job waits QUEUED until every one of them is SUCCESS, and is cancelled if one
+        ends FAIL or CANCELLED (a pipeline: an SFT job, then a DPO job that starts from its
+        output model). ``max_run_seconds`` (60 to 2,592,000): past that long running at
+        Fireworks, the queue stops the job and it ends CANCELLED (reason ``run_timeout``).
         """
         return self._send(
             self._core.submit(
@@ -138,6 +146,8 @@ class Client:
                 idempotency_key=idempotency_key,
                 queue_timeout_seconds=queue_timeout_seconds,
                 validate=validate,
+                after=after,
+                max_run_seconds=max_run_seconds,
             )
         )
 
@@ -364,6 +374,8 @@ class AsyncClient:
         idempotency_key: str | None = None,
         queue_timeout_seconds: int | None = None,
         validate: bool = True,
+        after: Sequence[str | SubmitResult | Job] | None = None,
+        max_run_seconds: int | None = None,
     ) -> SubmitResult:
         return await self._send(
             self._core.submit(
@@ -374,6 +386,8 @@ class AsyncClient:
                 idempotency_key=idempotency_key,
                 queue_timeout_seconds=queue_timeout_seconds,
                 validate=validate,
+                after=after,
+                max_run_seconds=max_run_seconds,
             )
         )
 

@@ -15,7 +15,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -308,11 +308,21 @@ class Core:
         idempotency_key: str | None,
         queue_timeout_seconds: int | None = None,
         validate: bool = True,
+        after: Sequence[Any] | None = None,
+        max_run_seconds: int | None = None,
     ) -> Call[SubmitResult]:
         body = self._job_body(kind, fireworks_payload, display_name, gpu_count,
                               queue_timeout_seconds)
         if not validate:
             body["validate"] = "off"
+        # Issue 53: the jobs this one runs after (ids, or anything with an ``id``: a
+        # SubmitResult, a Job), and its bound on run time.
+        if after is not None:
+            if isinstance(after, (str, bytes)):
+                raise TypeError("after must be a list of job ids, not one string")
+            body["after"] = [str(getattr(a, "id", a)) for a in after]
+        if max_run_seconds is not None:
+            body["max_run_seconds"] = max_run_seconds
         # Generated once per submit() and reused by every retry: the server dedupes on it, which is
         # the only thing that makes retrying a POST safe.
         key = idempotency_key or str(uuid.uuid4())

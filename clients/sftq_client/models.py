@@ -89,6 +89,12 @@ class Job(_Model):
     # {"currencyCode", "units", "nanos"}), when there are some.
     warnings: list[PreflightFinding] | None = None
     estimated_cost: dict[str, Any] | None = None
+    # The jobs this one runs after (full ids), its own bound on run time, and whether its
+    # progress at Fireworks has stopped moving (since ``stalled_since``).
+    after: list[str] | None = None
+    max_run_seconds: int | None = None
+    stalled: bool = False
+    stalled_since: datetime | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -107,6 +113,9 @@ class SubmitResult(_Model):
     warnings: list[PreflightFinding] = Field(default_factory=list)
     # Fireworks' cost estimate of an SFT job, when the pre-flight got one at enqueue.
     estimated_cost: dict[str, Any] | None = None
+    # What the request gave (issue 53): the jobs it runs after, its bound on run time.
+    after: list[str] | None = None
+    max_run_seconds: int | None = None
 
 
 class ValidateResult(_Model):
@@ -166,7 +175,8 @@ class ProgressJob(_Model):
 class WaitingReason(_Model):
     """Why a QUEUED job waits: ``code`` for programs (behind_own_running_job,
     behind_own_queued_job, does_not_fit, behind_job_that_does_not_fit, next_tick, user_disabled,
-    scheduler_stalled, or codes a newer server adds) and ``message`` for people."""
+    scheduler_stalled, waiting_for_dependency, or codes a newer server adds) and ``message``
+    for people."""
 
     code: str
     message: str | None = None

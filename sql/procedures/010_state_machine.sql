@@ -68,6 +68,7 @@ DECLARE
     v_from     text;
     v_next_id  uuid;
     v_next_at  timestamptz;
+    v_deps     boolean := false;
 BEGIN
     SELECT * INTO v_job FROM sftq.jobs WHERE id = p_job_id FOR UPDATE;
     IF NOT FOUND THEN
@@ -97,11 +98,17 @@ BEGIN
     -- takes: it waits for the owner's other changes, but not for the KEY SHARE locks that
     -- inserting a job (its foreign key) leaves on the row, so a group-commit enqueue holding
     -- those on several owners never closes a cycle with it.
+    -- Pipelines (200_pipelines.sql): a job ending locks the queued jobs that run after it
+    -- now, before its owner's row, as every job row is locked before its user's.
+    IF p_to <> 'PROGRESS' THEN
+        v_deps := sftq._pipeline_lock_dependents(p_job_id);
+    END IF;
     PERFORM 1 FROM sftq.users u WHERE u.id = v_job.user_id FOR NO KEY UPDATE;
     IF v_from = 'QUEUED' THEN
+        -- A job waiting for a dependency (waiting_on) is never a head.
         SELECT j.id, j.created_at INTO v_next_id, v_next_at
           FROM sftq.jobs j
-         WHERE j.user_id = v_job.user_id AND j.state = 'QUEUED'
+         WHERE j.user_id = v_job.user_id AND j.state = 'QUEUED' AND j.waiting_on IS NULL
          ORDER BY j.created_at, j.id
          LIMIT 1;
     END IF;
@@ -130,8 +137,12 @@ BEGIN
     END IF;
 
     PERFORM sftq._event(p_job_id, p_now, p_actor, p_event, p_to, p_detail, v_from, p_to);
+    -- Pipelines: its dependents move on (met, or cancelled with it), in this transaction.
+    IF v_deps THEN
+        PERFORM sftq._pipeline_dependency_ended(v_job, p_now);
+    END IF;
     RETURN v_job;
 END
 $$;
 COMMENT ON FUNCTION sftq._transition(uuid, text, timestamptz, text, text, jsonb, text) IS
-    'Moves one job along the state machine, sets started_at/completed_at, keeps the owner''s counters and head (and, for a job leaving the queue, its stretch''s count: sftq._queue_left), logs the move for analyst_daily''s rollup when the job''s UTC day is rolled up (sftq.daily_rollup_moves), and writes the event row. Locking contract: locks the job row, then its owner''s user row. Callers take sftq._gate() first (the rollup relies on it too).';
+    'Moves one job along the state machine, sets started_at/completed_at, keeps the owner''s counters and head (and, for a job leaving the queue, its stretch''s count: sftq._queue_left), logs the move for analyst_daily''s rollup when the job''s UTC day is rolled up (sftq.daily_rollup_moves), and writes the event row; a job ending moves the jobs that run after it on (sftq._pipeline_lock_dependents, sftq._pipeline_dependency_ended). Locking contract: locks the job row (and, when it ends, the queued jobs that run after it), then its owner''s user row. Callers take sftq._gate() first (the rollup relies on it too).';

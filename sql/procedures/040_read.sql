@@ -16,9 +16,19 @@ AS $$
         'completed_at', to_char(j.completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
         'error', j.error, 'fireworks_job_name', j.fireworks_job_name,
         'failure_class', j.failure_class, 'retry_of', j.retry_of,
-        'warnings', j.warnings, 'estimated_cost', j.estimated_cost)
+        'warnings', j.warnings, 'estimated_cost', j.estimated_cost,
+        -- Pipelines and run limits (200_pipelines.sql, 205_run_limits.sql).
+        'after', j.after, 'max_run_seconds', j.max_run_seconds,
+        -- sftq.is_stalled and sftq.progress_since written out (no function call per job).
+        'stalled', CASE WHEN j.stalled_at IS NULL THEN false
+                        ELSE j.state = 'PROGRESS'
+                             AND GREATEST(j.submitted_at, j.provider_state_at, j.progress_moved_at) <= j.stalled_at END,
+        'stalled_since', CASE WHEN j.stalled_at IS NOT NULL AND j.state = 'PROGRESS'
+                                   AND GREATEST(j.submitted_at, j.provider_state_at, j.progress_moved_at) <= j.stalled_at
+                              THEN to_char(GREATEST(j.submitted_at, j.provider_state_at, j.progress_moved_at) AT TIME ZONE 'UTC',
+                                           'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END)
 $$;
-COMMENT ON FUNCTION sftq.job_json(sftq.jobs) IS 'A job as the API shows it: the contract''s fields, then the ones added since (failure_class, retry_of, the pre-flight''s warnings and the estimated cost), never the payload.';
+COMMENT ON FUNCTION sftq.job_json(sftq.jobs) IS 'A job as the API shows it: the contract''s fields, then the ones added since (failure_class, retry_of, the pre-flight''s warnings and the estimated cost, after, max_run_seconds, stalled and stalled_since), never the payload.';
 
 CREATE OR REPLACE FUNCTION sftq.get_job(p_user_id bigint, p_job_id uuid)
 RETURNS sftq.jobs

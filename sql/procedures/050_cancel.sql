@@ -71,7 +71,12 @@ BEGIN
     IF v_job.cancel_requested_at IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'SQ409', MESSAGE = 'no cancel was requested for this job';
     END IF;
-    v_job := sftq._transition(p_job_id, 'CANCELLED', p_now, p_actor, 'cancelled', p_detail);
+    -- A cancel the queue recorded itself (cancel_reason, 205_run_limits.sql: run_timeout)
+    -- ends with that reason as its event, detail and error; a user's cancel is unchanged.
+    v_job := sftq._transition(p_job_id, 'CANCELLED', p_now, p_actor,
+                              COALESCE(v_job.cancel_reason, 'cancelled'),
+                              sftq._cancel_reason_detail(v_job, p_detail),
+                              sftq._cancel_reason_error(v_job));
     RETURN v_job.state;
 END
 $$;

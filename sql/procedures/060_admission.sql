@@ -308,10 +308,12 @@ AS $$
         SELECT j.*, u.name AS user_name, u.head_job_id, u.running_count, u.max_running,
                u.disabled_at IS NOT NULL AS disabled, w.fits, w.budget_before,
                (b.created_at, b.job_id) < (j.created_at, j.id) AS behind_blocker
-          FROM (SELECT j.id, j.user_id, j.kind, j.gpu_count, j.created_at,
+          FROM (SELECT j.id, j.user_id, j.kind, j.gpu_count, j.created_at, j.waiting_on,
                        row_number() OVER (ORDER BY j.created_at, j.id) AS n,
-                       row_number() OVER (PARTITION BY j.user_id ORDER BY j.created_at, j.id) - 1
-                           AS own_ahead
+                       -- A job waiting for a dependency (200_pipelines.sql) is ahead of nobody.
+                       count(*) FILTER (WHERE j.waiting_on IS NULL) OVER (
+                           PARTITION BY j.user_id ORDER BY j.created_at, j.id
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS own_ahead
                   FROM (SELECT * FROM sftq.jobs j WHERE j.state = 'QUEUED'
                          ORDER BY j.created_at, j.id LIMIT p_limit) j) j
           JOIN sftq.users u ON u.id = j.user_id
@@ -330,7 +332,8 @@ AS $$
     SELECT q.n, q.id, q.user_name, q.kind, q.gpu_count, q.created_at,
            CASE WHEN q.fits THEN 'admit' ELSE 'wait' END,
            -- The operator's wording: operators may see every user and job.
-           CASE rs.codes[q.n]
+           CASE WHEN q.waiting_on IS NOT NULL THEN format('waits for job %s (after)', q.waiting_on)
+           ELSE CASE rs.codes[q.n]
                WHEN 'next_tick' THEN CASE WHEN q.fits THEN format('admitted: needs %s GPUs', q.gpu_count)
                                           ELSE 'waiting' END
                WHEN 'user_disabled' THEN 'user is disabled'
@@ -344,8 +347,8 @@ AS $$
                    (SELECT format('behind head job %s that needs %s GPUs while %s are free',
                                   b.job_id, b.gpu_count, b.budget_before) FROM blocker b)
                ELSE 'waiting'
-           END,
-           rs.codes[q.n]
+           END END,
+           CASE WHEN q.waiting_on IS NOT NULL THEN 'waiting_for_dependency' ELSE rs.codes[q.n] END
       FROM q CROSS JOIN rs
      ORDER BY q.created_at, q.id
 $$;

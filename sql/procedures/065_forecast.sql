@@ -720,7 +720,13 @@ BEGIN
     ), mine AS MATERIALIZED (
         SELECT j.user_id, j.id, j.display_name, j.kind, j.gpu_count, j.created_at,
                row_number() OVER (PARTITION BY j.user_id ORDER BY j.created_at, j.id) AS k,
-               row_number() OVER (ORDER BY j.created_at, j.id) AS g
+               row_number() OVER (ORDER BY j.created_at, j.id) AS g,
+               -- The owner's earlier jobs that admission sees: one waiting for a dependency
+               -- (200_pipelines.sql) is ahead of nobody.
+               count(*) FILTER (WHERE j.waiting_on IS NULL) OVER (
+                   PARTITION BY j.user_id ORDER BY j.created_at, j.id
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS own_ahead,
+               j.waiting_on
           FROM sftq.jobs j
          WHERE j.user_id = ANY (p_user_ids) AND j.state = 'QUEUED'
            AND (j.created_at, j.id) <= (p_upto_at, p_upto_id)
@@ -752,7 +758,7 @@ BEGIN
     ), args AS MATERIALIZED (
         -- What the reasons and the forecast are given, element g for job g: one pass over
         -- the jobs sorted once (an aggregate fed by a sorted subquery keeps its order).
-        SELECT array_agg(ROW(x.gpu_count, x.k - 1, x.disabled, x.running_count, x.max_running,
+        SELECT array_agg(ROW(x.gpu_count, x.own_ahead, x.disabled, x.running_count, x.max_running,
                              x.fits, x.budget_before, x.behind_blocker)::sftq.waiting_facts) AS facts,
                array_agg(x.id) AS ids, array_agg(x.ahead) AS ahead, array_agg(x.kind) AS kinds,
                array_agg(x.gpu_count) AS gpus, array_agg(x.user_id) AS owners
@@ -785,8 +791,13 @@ BEGIN
          WHERE st.stalled IS NULL
     )
     SELECT m.user_id, m.id, m.display_name, m.kind, m.gpu_count, m.created_at, m.queue_position,
-           rs.codes[m.g], rs.messages[m.g], fc.starts[m.g],
-           COALESCE(fc.bases[m.g], 'no estimate: the scheduler is not running normally (see waiting_reason)')
+           CASE WHEN m.waiting_on IS NOT NULL THEN 'waiting_for_dependency' ELSE rs.codes[m.g] END,
+           CASE WHEN m.waiting_on IS NOT NULL THEN sftq.dependency_waiting_message(m.waiting_on)
+                ELSE rs.messages[m.g] END,
+           CASE WHEN m.waiting_on IS NULL THEN fc.starts[m.g] END,
+           CASE WHEN m.waiting_on IS NOT NULL
+                THEN 'no estimate: it starts only after the jobs in its "after" succeed'
+                ELSE COALESCE(fc.bases[m.g], 'no estimate: the scheduler is not running normally (see waiting_reason)') END
       FROM m CROSS JOIN rs CROSS JOIN fc
      ORDER BY m.user_id, m.k;
 END

@@ -390,7 +390,11 @@ BEGIN
                provider_state_at = CASE WHEN COALESCE(v_state, provider_state) IS DISTINCT FROM provider_state
                                         THEN p_now ELSE provider_state_at END,
                progress_percent = v_percent, progress_epoch = v_epoch, estimated_cost = v_cost,
-               provider_checked_at = p_now
+               provider_checked_at = p_now,
+               -- When progress last moved, for the stall check (205_run_limits.sql).
+               progress_moved_at = CASE WHEN v_percent IS DISTINCT FROM progress_percent
+                                          OR v_epoch IS DISTINCT FROM progress_epoch
+                                        THEN p_now ELSE progress_moved_at END
          WHERE id = p_job_id;
         IF (v_state IS NOT NULL AND v_state IS DISTINCT FROM v_job.provider_state)
            OR v_epoch IS DISTINCT FROM v_job.progress_epoch

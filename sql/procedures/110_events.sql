@@ -74,7 +74,10 @@ AS $$
                           CASE WHEN x.pct IS NOT NULL THEN format('%s%% done', x.pct) END,
                           CASE WHEN x.epoch IS NOT NULL THEN format('epoch %s', x.epoch) END) || '.' END
         WHEN 'cancel_requested' THEN
-            CASE WHEN (x.j ->> 'submitted')::boolean IS FALSE THEN
+            CASE WHEN x.reason = 'run_timeout' THEN  -- 205_run_limits.sql
+                     format('It ran at the provider past its max_run_seconds (%s); the scheduler is stopping it.',
+                            COALESCE(sftq._human_seconds((x.j ->> 'max_run_seconds')::numeric), '?'))
+                 WHEN (x.j ->> 'submitted')::boolean IS FALSE THEN
                      format('%s asked to cancel it before the provider job was created; the scheduler finishes the cancel at its next tick.', x.who)
                  ELSE format('%s asked to cancel it; the provider job is being stopped.', x.who) END
         WHEN 'cancelled' THEN
@@ -132,6 +135,20 @@ AS $$
                    CASE WHEN (x.j ->> 'ends_job')::boolean IS TRUE THEN '; that was one time too many, so it fails.'
                         ELSE format('; fault %s of %s in a row, the scheduler tries again at its next tick.',
                                     COALESCE(x.j ->> 'fault', '?'), COALESCE(x.j ->> 'limit', '?')) END)
+        -- Pipelines and run limits (200_pipelines.sql, 205_run_limits.sql).
+        WHEN 'waiting_for_dependency' THEN
+            format('Waits for job %s to succeed before it may be admitted.', x.j ->> 'waiting_on')
+        WHEN 'dependencies_met' THEN
+            format('Every job it runs after has succeeded (the last: %s); it takes its place in the queue.',
+                   x.j ->> 'last')
+        WHEN 'dependency_failed' THEN
+            format('Cancelled: job %s, which it runs after, ended %s.', x.j ->> 'after', x.j ->> 'after_state')
+        WHEN 'run_timeout' THEN
+            format('Cancelled: it ran at the provider past its max_run_seconds (%s), and the scheduler stopped it.',
+                   COALESCE(sftq._human_seconds((x.j ->> 'max_run_seconds')::numeric), '?'))
+        WHEN 'stalled' THEN
+            format('Stalled: its progress at the provider has not moved since %s. It is not cancelled; cancel it if it has crashed.',
+                   x.j ->> 'since')
         WHEN 'retried' THEN
             CASE WHEN x.j ? 'new_job_id' THEN format('Retried as job %s.', x.j ->> 'new_job_id')
                  ELSE 'Retried as a new job.' END

@@ -60,8 +60,11 @@ AS $$
         -- user that comes before one listed here is listed too, so own_ahead is exact.
         SELECT q.*,
                row_number() OVER (ORDER BY q.created_at, q.id) AS position,
-               row_number() OVER (PARTITION BY q.user_id ORDER BY q.created_at, q.id) - 1 AS own_ahead
-          FROM (SELECT j.id, j.user_id, j.kind, j.gpu_count, j.created_at, j.display_name
+               -- A job waiting for a dependency (200_pipelines.sql) is ahead of nobody.
+               count(*) FILTER (WHERE q.waiting_on IS NULL) OVER (
+                   PARTITION BY q.user_id ORDER BY q.created_at, q.id
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS own_ahead
+          FROM (SELECT j.id, j.user_id, j.kind, j.gpu_count, j.created_at, j.display_name, j.waiting_on
                   FROM sftq.jobs j
                  WHERE j.state = 'QUEUED'
                  ORDER BY j.created_at, j.id
@@ -81,7 +84,15 @@ AS $$
           LEFT JOIN blocker b ON true
     ), reasons AS MATERIALIZED (
         -- Every listed job's reason in one call (sftq.waiting_reasons): job n's is element n.
-        SELECT f.*, rs.codes[f.position] AS code, rs.messages[f.position] AS message
+        SELECT f.*,
+               CASE WHEN f.waiting_on IS NOT NULL THEN 'waiting_for_dependency'
+                    ELSE rs.codes[f.position] END AS code,
+               -- sftq.dependency_waiting_message (200_pipelines.sql, applied after this file).
+               CASE WHEN f.waiting_on IS NOT NULL THEN (
+                        SELECT format('Waits for your job %s (%s) to succeed: a job starts only when every job in its "after" is SUCCESS, and is cancelled if one of them fails or is cancelled.',
+                                      d.id, d.state)
+                          FROM sftq.jobs d WHERE d.id = f.waiting_on)
+                    ELSE rs.messages[f.position] END AS message
           FROM facts f
          CROSS JOIN (
                SELECT array_agg(r.code ORDER BY r.ord) AS codes,
@@ -156,6 +167,8 @@ AS $$
                        'waiting_reason', json_build_object(
                            'code', r.code,
                            'message', CASE WHEN r.user_id = p_user_id THEN r.message
+                                           WHEN r.code = 'waiting_for_dependency' THEN
+                                               'Waits for another job of its submitter to succeed first.'
                                            ELSE sftq.waiting_message_for_others(r.code, r.message, r.own_ahead) END),
                        'estimated_start_at', sftq._iso(fc.estimated_start_at),
                        'estimate', json_build_object('basis', CASE

@@ -317,7 +317,13 @@ AS $$
                            FROM q),
         'tick_last_success', (SELECT extract(epoch FROM ok.finished_at)::float8 FROM ok),
         'stream_connections', (SELECT COALESCE(sum(i.open_streams), 0) FROM sftq.stream_instances i
-                                WHERE i.expires_at > p_now))
+                                WHERE i.expires_at > p_now),
+        -- Running jobs whose provider progress stopped moving (205_run_limits.sql).
+        -- (sftq.stalled_jobs written out: 205 is applied after this file.)
+        'stalled_jobs', (SELECT count(*) FROM sftq.jobs j
+                          WHERE j.state = 'PROGRESS' AND j.stalled_at IS NOT NULL
+                            AND GREATEST(j.submitted_at, j.provider_state_at, j.progress_moved_at)
+                                <= j.stalled_at))
 $$;
 COMMENT ON FUNCTION sftq.metrics(timestamptz) IS
     'Everything GET /metrics serves, as JSON: counts (every series of sftq.metric_counts summed: gauges pending_jobs/running_jobs by kind and running_gpus, counters, per-bucket histogram counts and sums), bounds (each histogram''s bucket bounds), gpu_quota {enforced, max} and gpu_external from the newest quota reading, tick_last_success (epoch seconds of the newest ok tick''s end), stream_connections (open streams of live instances). Cost: the folded counts (about one row per series plus what changed since the last tick), two index probes on scheduler_ticks and the live stream instances; no scan of jobs. Reads only, takes no locks.';

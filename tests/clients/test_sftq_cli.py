@@ -72,6 +72,20 @@ def test_submit(sftq: Run, api: FakeJobsApi, payload_file: Path) -> None:
     }
 
 
+def test_submit_after_is_repeatable_and_max_run_takes_a_duration(
+        sftq: Run, api: FakeJobsApi, payload_file: Path) -> None:
+    code, out, err = sftq(
+        "submit", "--kind", "dpo", "--payload", str(payload_file), "--after", "0123abcd",
+        "--after", "4567cdef", "--max-run", "12h",
+    )  # fmt: skip
+    assert code == 0, err
+    body = json.loads(api.requests[0].content)
+    assert body["after"] == ["0123abcd", "4567cdef"] and body["max_run_seconds"] == 43200
+    code, _, err = sftq("submit", "--kind", "dpo", "--payload", str(payload_file),
+                        "--max-run", "30s")
+    assert code == 2 and "60 seconds to 30 days" in err
+
+
 @pytest.mark.parametrize(
     ("name", "kind"),
     [("sft.json", "SFT"), ("DPO.json", "DPO"), ("rft", "RFT"), ("dpo-run.json", "DPO"),
@@ -236,6 +250,7 @@ def test_list_json_and_filters(sftq: Run, api: FakeJobsApi) -> None:
         "completed_at", "error", "fireworks_job_name",
         "failure_class", "retry_of",  # added since the contract (issue 10)
         "warnings", "estimated_cost",  # and by the pre-flight (issue 44)
+        "after", "max_run_seconds", "stalled", "stalled_since",  # and issue 53
     }  # fmt: skip
     # A plain list is one page of the newest jobs (GET /jobs without limit would be all).
     assert dict(api.requests[0].url.params) == {"state": "PROGRESS", "kind": "RFT", "limit": "100"}

@@ -130,6 +130,16 @@ def test_submit_sends_the_contract_envelope(api: FakeJobsApi, client: Client) ->
     }
 
 
+def test_submit_after_and_max_run_seconds(api: FakeJobsApi, client: Client) -> None:
+    # Issue 53: a pipeline names earlier jobs by id, prefix or the object submit() returned.
+    sft = client.submit("SFT", PAYLOAD)
+    client.submit("DPO", PAYLOAD, after=[sft, "0123abcd"], max_run_seconds=3600)
+    assert body_of(api.requests[1]) == {"kind": "DPO", "fireworks_payload": PAYLOAD,
+                                        "after": [sft.id, "0123abcd"], "max_run_seconds": 3600}
+    with pytest.raises(TypeError):
+        client.submit("DPO", PAYLOAD, after=sft.id)  # type: ignore[arg-type]
+
+
 def test_submit_leaves_optional_fields_to_the_server(api: FakeJobsApi, client: Client) -> None:
     client.submit("DPO", PAYLOAD)
     assert body_of(api.requests[0]) == {"kind": "DPO", "fireworks_payload": PAYLOAD}

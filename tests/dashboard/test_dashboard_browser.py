@@ -370,6 +370,29 @@ def test_retry_from_the_job_page(stack: Stack, browser: Browser) -> None:
     assert b.console_errors() == []
 
 
+def test_the_job_page_shows_after_and_the_dependency_reason(stack: Stack,
+                                                             browser: Browser) -> None:
+    # Issue 53: a DPO job waiting for an SFT job names it (a link) and says why it waits.
+    b = browser
+    sft = stack.submit("pipeline-sft", gpus=1)
+    r = stack.http.post(f"{stack.api}/jobs", headers=stack.auth(), json={
+        "kind": "DPO", "display_name": "pipeline-dpo", "gpu_count": 1, "after": [sft],
+        "fireworks_payload": {"dataset": "accounts/demo/datasets/dash"}})
+    assert r.status_code == 201, r.text
+    dpo = r.json()["id"]
+    try:
+        b.sign_in(stack.url, stack.key)
+        b.go(f"#/job/{dpo}")
+        b.wait(lambda: b.present("#job-after"), "the job's after")
+        assert b.attrs("#job-after a", "href") == [f"#/job/{sft}"]
+        b.wait(lambda: b.present(".reason[data-code='waiting_for_dependency']"), "the reason")
+        assert sft in b.text(".reason[data-code='waiting_for_dependency']")
+        assert b.console_errors() == []
+    finally:
+        for job_id in (dpo, sft):
+            stack.http.delete(f"{stack.api}/jobs/{job_id}", headers=stack.auth())
+
+
 def test_list_filters_in_the_address_take_any_case(stack: Stack, browser: Browser) -> None:
     # Issue 18.6: #/jobs?state=queued is the QUEUED filter, as GET /jobs?state=queued is.
     b = browser

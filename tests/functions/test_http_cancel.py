@@ -22,7 +22,9 @@ RFT_PAYLOAD = {"dataset": "d", "evaluator": "e",
 JOB_KEYS = {"id", "kind", "state", "display_name", "gpu_count", "created_at", "started_at",
             "completed_at", "error", "fireworks_job_name",
             # Added since the contract (new fields are only added): issue 10.
-            "failure_class", "retry_of", "warnings", "estimated_cost"}
+            "failure_class", "retry_of", "warnings", "estimated_cost",
+            # Issue 53: pipelines and run limits.
+            "after", "max_run_seconds", "stalled", "stalled_since"}
 
 
 def running_job(api: Api, db: Db, key: str, kind: str = "SFT") -> tuple[str, str]:

@@ -31,7 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB_KEYS = {"id", "kind", "state", "display_name", "gpu_count", "created_at", "started_at",
             "completed_at", "error", "fireworks_job_name",
             # Added since the contract (new fields are only added): issue 10.
-            "failure_class", "retry_of", "warnings", "estimated_cost"}
+            "failure_class", "retry_of", "warnings", "estimated_cost",
+            # Issue 53: pipelines and run limits.
+            "after", "max_run_seconds", "stalled", "stalled_since"}
 
 # --- verbatim from the contract -------------------------------------------------------------
 

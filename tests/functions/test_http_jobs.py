@@ -19,7 +19,9 @@ from sftq_server.http.web import wsgi_app
 JOB_KEYS = {"id", "kind", "state", "display_name", "gpu_count", "created_at", "started_at",
             "completed_at", "error", "fireworks_job_name",
             # Added since the contract (new fields are only added): issue 10.
-            "failure_class", "retry_of", "warnings", "estimated_cost"}
+            "failure_class", "retry_of", "warnings", "estimated_cost",
+            # Issue 53: pipelines and run limits.
+            "after", "max_run_seconds", "stalled", "stalled_since"}
 
 
 def post_raw(api: Api, key: str | None, data: bytes | str, *,
@@ -289,8 +291,9 @@ def test_unknown_fields_are_rejected_by_name(api: Api, alice: str) -> None:
     err = assert_error(resp, 400, "unknown_field")
     assert "gpus" in err["error"] and "displayName" in err["error"]
     assert err["details"]["unknown_fields"] == ["displayName", "gpus"]
-    assert err["details"]["allowed_fields"] == ["display_name", "fireworks_payload", "gpu_count",
-                                                "kind", "queue_timeout_seconds", "validate"]
+    assert err["details"]["allowed_fields"] == ["after", "display_name", "fireworks_payload",
+                                                "gpu_count", "kind", "max_run_seconds",
+                                                "queue_timeout_seconds", "validate"]
     assert api.get("/jobs", alice).json == []
 
 

@@ -141,7 +141,8 @@ def test_every_series_matches_the_database(mapi: Api, db: Db, msettings: Setting
         "sftq_pending_jobs", "sftq_running_jobs", "sftq_admission_wait_time_seconds",
         "sftq_admitted_jobs", "sftq_finished_jobs", "sftq_gpu_quota", "sftq_gpu_in_use",
         "sftq_tick_duration_seconds", "sftq_tick_last_success_timestamp_seconds",
-        "sftq_provider_requests", "sftq_webhook_deliveries", "sftq_stream_connections"}
+        "sftq_provider_requests", "sftq_webhook_deliveries", "sftq_stream_connections",
+        "sftq_stalled_jobs"}
 
     def sql(query: str) -> list[tuple[Any, ...]]:
         return db.conn.execute(query).fetchall()

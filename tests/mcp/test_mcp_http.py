@@ -476,3 +476,28 @@ def test_what_the_tools_and_the_skill_say_is_what_they_do(stack: Any) -> None:
     warned = {w["path"] for w in r.json()["warnings"]}
     assert {"fireworks_payload.baseModel", "fireworks_payload.learningRate"} <= warned
     assert "one warning per field that is not in the DPO schema" in dpo
+
+
+def test_submit_job_after_waits_for_the_dependency(stack: Any) -> None:
+    # Issue 53: a DPO job after an SFT job, through the MCP tool; another user's id is refused
+    # exactly as an unknown one.
+    other = stack.user(f"mcp-after-{uuid.uuid4().hex[:8]}")
+
+    async def main() -> None:
+        async with http_session(stack) as mine, http_session(stack, other) as theirs:
+            sft = ok(await mine.call_tool("submit_job", {
+                "kind": "SFT", "fireworks_payload": PAYLOAD, "display_name": "first"}))
+            dpo = ok(await mine.call_tool("submit_job", {
+                "kind": "DPO", "fireworks_payload": {"dataset": "accounts/demo/datasets/d"},
+                "after": [sft["id"][:8]]}))
+            assert dpo["after"] == [sft["id"]]
+            where = ok(await mine.call_tool("queue_position", {"job_id": dpo["id"]}))
+            assert where["job"]["waiting_reason"]["code"] == "waiting_for_dependency"
+            assert sft["id"] in where["job"]["waiting_reason"]["message"]
+            error = error_of(await theirs.call_tool("submit_job", {
+                "kind": "DPO", "fireworks_payload": PAYLOAD, "after": [sft["id"]]}))
+            assert error["code"] == "unknown_dependency"
+            for job in (dpo, sft):
+                await mine.call_tool("cancel_job", {"job_id": job["id"]})
+
+    anyio.run(main)

@@ -61,7 +61,8 @@ def test_tools_are_listed_with_schemas_and_rules(stack: Any) -> None:
                 assert tool.description
             submit = next(t for t in init_tools if t.name == "submit_job")
             assert set(submit.inputSchema["properties"]) == {
-                "kind", "fireworks_payload", "display_name", "gpu_count", "idempotency_key"}
+                "kind", "fireworks_payload", "display_name", "gpu_count", "idempotency_key",
+                "after"}
             assert set(submit.inputSchema["required"]) == {"kind", "fireworks_payload"}
             text = submit.description or ""
             for rule in ("one job at a time", "strict FIFO", "never call the Fireworks"):

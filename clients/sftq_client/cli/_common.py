@@ -202,6 +202,13 @@ def job_fields(job: Job) -> list[tuple[str, object]]:
         pairs.append(("warnings" if i == 0 else "", f"{finding.path}: {finding.message}"))
     if job.estimated_cost is not None:
         pairs.append(("estimated_cost", f"{fmt_money(job.estimated_cost)} (Fireworks' estimate)"))
+    # Issue 53's, only when set: the jobs it runs after, its bound on run time, a stall.
+    if job.after:
+        pairs.append(("after", ", ".join(job.after)))
+    if job.max_run_seconds is not None:
+        pairs.append(("max_run_seconds", job.max_run_seconds))
+    if job.stalled:
+        pairs.append(("stalled", f"no progress at Fireworks since {job.stalled_since}"))
     return pairs
 
 

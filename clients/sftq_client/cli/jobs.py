@@ -54,14 +54,28 @@ _DURATION_RE: Final = re.compile(r"(\d+)\s*([smhd]?)")
 _UNIT_SECONDS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def queue_timeout(text: str) -> int:
-    """``--queue-timeout``: 90, 90s, 30m, 6h or 2d, as seconds (1 s to 30 days)."""
+def _duration(text: str) -> int:
     match = _DURATION_RE.fullmatch(text.strip().lower())
     if match is None:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a duration: use a number with s, m, h or d (30m, 6h, 2d)"
         )
-    seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def max_run(text: str) -> int:
+    """``--max-run``: 90m, 12h or 2d, as seconds (60 s to 30 days)."""
+    seconds = _duration(text)
+    if not 60 <= seconds <= MAX_QUEUE_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is out of range: a run bound is 60 seconds to 30 days"
+        )
+    return seconds
+
+
+def queue_timeout(text: str) -> int:
+    """``--queue-timeout``: 90, 90s, 30m, 6h or 2d, as seconds (1 s to 30 days)."""
+    seconds = _duration(text)
     if not 1 <= seconds <= MAX_QUEUE_TIMEOUT:
         raise argparse.ArgumentTypeError(
             f"{text!r} is out of range: a queue timeout is 1 second to 30 days"
@@ -188,6 +202,8 @@ def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
         idempotency_key=args.idempotency_key,
         queue_timeout_seconds=args.queue_timeout,
         validate=not args.no_validate,
+        after=args.after,
+        max_run_seconds=args.max_run,
     )
     for warning in result.warnings:
         err(f"warning: {warning.message}")
@@ -199,11 +215,16 @@ def _cmd_submit(args: argparse.Namespace, ctx: Context) -> int:
         )
     if args.json:
         # As the server answers it: `warnings` and `estimated_cost` only when there are some.
-        absent = {name for name in ("warnings", "estimated_cost") if not getattr(result, name)}
+        absent = {name for name in ("warnings", "estimated_cost", "after", "max_run_seconds")
+                  if not getattr(result, name)}
         shown = result.model_dump(mode="json", exclude=absent or None)
         out(json.dumps(shown, indent=2))
     else:
         out(f"queued {result.id} ({result.kind}) at {fmt_time(result.created_at)}")
+        if result.after:
+            out(f"waiting_for_dependency: it starts once {', '.join(result.after)} "
+                f"{'has' if len(result.after) == 1 else 'have all'} succeeded "
+                "(and is cancelled if one fails or is cancelled)")
         out(f"follow it with: sftq wait {result.id}")
     return EXIT_OK
 
@@ -411,6 +432,20 @@ def register(command: CommandFactory) -> None:
         metavar="DURATION",
         help="cancel the job if it is still queued after DURATION (e.g. 30m, 6h, 2d; "
         "1 second to 30 days)",
+    )
+    p.add_argument(
+        "--after",
+        action="append",
+        metavar="ID",
+        help="start only after your job ID has succeeded (repeatable, up to 20; a prefix of "
+        "8+ characters will do); the job is cancelled if ID fails or is cancelled",
+    )
+    p.add_argument(
+        "--max-run",
+        type=max_run,
+        metavar="DURATION",
+        help="stop the job at Fireworks if it runs longer than DURATION (e.g. 90m, 12h, 2d; "
+        "60 seconds to 30 days); it then ends CANCELLED (run_timeout)",
     )
     p.add_argument("--wait", action="store_true", help="then wait for the job like `sftq wait`")
     p.add_argument(

@@ -128,6 +128,11 @@ class SubmitJobInput(_Input):
     idempotency_key: IdempotencyKey | None = Field(default=None, description=(
         "any unique string; resubmitting with the same key (after a lost connection) answers "
         "the same job instead of making a second one. Always pass one."))
+    after: list[str] | None = Field(default=None, max_length=20, description=(
+        "up to 20 of your job ids (or their first 8+ characters): this job waits QUEUED "
+        "until every one of them is SUCCESS (waiting_for_dependency), and is cancelled if one "
+        "ends FAIL or CANCELLED. E.g. an SFT job's id for a DPO job whose warmStartFrom is "
+        "that SFT job's outputModel: submit both at once."))
 
 
 class ListJobsInput(_Input):
@@ -227,7 +232,8 @@ class Tool:
 
 async def _submit(client: AsyncClient, a: SubmitJobInput, progress: Progress) -> SubmitResult:
     return await client.submit(a.kind, a.fireworks_payload, display_name=a.display_name,
-                               gpu_count=a.gpu_count, idempotency_key=a.idempotency_key)
+                               gpu_count=a.gpu_count, idempotency_key=a.idempotency_key,
+                               after=a.after)
 
 
 async def _list(client: AsyncClient, a: ListJobsInput, progress: Progress) -> JobList:

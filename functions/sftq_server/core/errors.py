@@ -78,6 +78,12 @@ _SQLSTATE: dict[str, tuple[type[SftqError], str]] = {
     "SQ441": (Conflict, "webhook_disabled"),
     # POST /jobs/{id}/retry on a job that is QUEUED, PROGRESS or SUCCESS (issue 10).
     "SQ439": (Conflict, "job_not_retryable"),
+    # POST /jobs "after" (issue 53): a job that is not one of the caller's (another user's
+    # answers the same), a cycle, a dependency that already ended FAIL or CANCELLED, too many.
+    "SQ460": (BadRequest, "unknown_dependency"),
+    "SQ461": (BadRequest, "dependency_cycle"),
+    "SQ462": (BadRequest, "dependency_ended"),
+    "SQ463": (BadRequest, "too_many_dependencies"),
 }
 
 

@@ -41,6 +41,26 @@ def _queue_timeout(name: str) -> int | None:
     return value
 
 
+def _max_run(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    value = int(raw)
+    if not 60 <= value <= MAX_QUEUE_TIMEOUT_SECONDS:
+        raise ValueError(f"{name} must be from 60 to {MAX_QUEUE_TIMEOUT_SECONDS} seconds")
+    return value
+
+
+def _stall(name: str) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return 7200
+    value = int(raw)
+    if value < 60:
+        raise ValueError(f"{name} must be 60 seconds or more")
+    return value
+
+
 @dataclass(frozen=True)
 class StreamSettings:
     """The live stream's knobs: SFTQ_STREAM_* (docs/operations.md lists them)."""
@@ -104,6 +124,11 @@ class Settings:
     # this many ticks in a row ends FAIL permanent with the error (0: never; each fault is
     # still recorded on the job as a tick_error event). docs/scheduling.md, Faults.
     job_fault_limit: int = 3
+    # Issue 53: the run-time bound of a job submitted without max_run_seconds (None: no
+    # bound), and how long a running job's provider progress may stand still before it is
+    # flagged stalled (one event; it is not cancelled).
+    max_run_seconds: int | None = None
+    stall_seconds: int = 7200
     # Set (SFTQ_DEV_STACK=1) only by a local development stack: scheduler-tick then accepts a
     # tick secret shorter than 32 characters. Everywhere else a short one stops it starting.
     dev_stack: bool = False
@@ -170,6 +195,8 @@ class Settings:
             submit_max_seconds=_float("SFTQ_SUBMIT_MAX_SECONDS", 3600.0),
             submit_backoff_seconds=_float("SFTQ_SUBMIT_BACKOFF_SECONDS", 5.0),
             queue_timeout_seconds=_queue_timeout("SFTQ_QUEUE_TIMEOUT_SECONDS"),
+            max_run_seconds=_max_run("SFTQ_MAX_RUN_SECONDS"),
+            stall_seconds=_stall("SFTQ_STALL_SECONDS"),
             reconcile_get_limit=_int("SFTQ_RECONCILE_GET_LIMIT", 20),
             job_fault_limit=_int("SFTQ_JOB_FAULT_LIMIT", 3),
             dev_stack=os.environ.get("SFTQ_DEV_STACK", "") == "1",

@@ -97,6 +97,11 @@ export function mount(ctx) {
         field("Error", job.error ? h("span", {class: "error-text"}, job.error) : null),
         "failure_class" in job ? field("Failure class", job.failure_class) : null,
         retryOf ? field("Retry of", h("a", {href: retryOf}, shortId(job.retry_of))) : null,
+        // Issue 53: the jobs it runs after, its own bound on run time.
+        job.after && job.after.length ? field("Runs after", h("span", {id: "job-after"},
+          ...job.after.flatMap((id, i) => [i ? ", " : "",
+            h("a", {href: jobHref(id)}, shortId(id))]))) : null,
+        job.max_run_seconds ? field("Max run", `${job.max_run_seconds} s`) : null,
         field("Fireworks job", job.fireworks_job_name ? h("code", {}, job.fireworks_job_name)
           : null))));
     actions.replaceChildren(...[
@@ -123,6 +128,12 @@ export function mount(ctx) {
           h("span", {}, timeEl(a.estimated_start_at), ` (${fmtRelative(a.estimated_start_at)})`),
           basisEl(a.estimate))
         : h("span", {class: "details"}, "none", basisEl(a.estimate))));
+    }
+    if (job.state === "PROGRESS" && job.stalled) {
+      // Issue 53: no progress at Fireworks for SFTQ_STALL_SECONDS; not cancelled by itself.
+      parts.push(h("p", {class: "reason", id: "job-stalled", dataset: {code: "stalled"}},
+        "Stalled: its progress at Fireworks has not moved since ", timeEl(job.stalled_since),
+        ". It is not cancelled automatically; cancel it if it has crashed."));
     }
     if (job.state === "PROGRESS") {
       list.push(field("Provider state", providerLabel(a.provider_state) || "submitting"));

@@ -172,6 +172,9 @@ RECORD_USAGE_READING = (
 QUEUE_SEAL = "SELECT sftq.queue_seal()"
 # Cancel QUEUED jobs whose queue timeout ran out; answers how many.
 EXPIRE_QUEUED = "SELECT sftq.expire_queued()"
+# Run limits (issue 53): record the cancels of jobs past their bound (run_timeout) and the
+# stalled events; a row (job_id, kind, fireworks_job_name, action) per job touched.
+RUN_LIMITS = "SELECT job_id, kind, fireworks_job_name, action FROM sftq.run_limits(%s, %s)"
 
 # --- jobs-api: retry and queue timeouts -----------------------------------------------
 # Authenticate + enqueue with the caller's queue timeout (or the operator's default).
@@ -187,6 +190,11 @@ API_SUBMIT_MANY = (
     "SELECT ord, body, replayed, job_id, err_state, err_message, err_detail "
     "FROM sftq.api_submit_many(%b::bytea[], %b::text[], %b::jsonb[], %b::text[], %b::int[], "
     "%b::text[], %b::int[], %s::int)"
+)
+# POST /jobs with "after" or "max_run_seconds" (issue 53): one request, its own transaction.
+API_SUBMIT_JOB = (
+    "SELECT body::text, replayed, job_id "
+    "FROM sftq.api_submit_job(%s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s::text[], %s)"
 )
 # Authenticate + retry one of the caller's FAIL or CANCELLED jobs as a new job.
 API_RETRY_JOB = "SELECT body::text, replayed, job_id FROM sftq.api_retry_job(%s, %s, %s, %s)"

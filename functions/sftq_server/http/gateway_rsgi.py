@@ -30,7 +30,7 @@ from sftq_server.core.settings import Settings
 from sftq_server.http.apps import ApiApp
 from sftq_server.http.gateway import JOBS_PREFIX, MCP_PREFIX, Gateway
 from sftq_server.http.group_commit import AsyncGroupCommit
-from sftq_server.http.routes.jobs import created, submit_headers, submit_params
+from sftq_server.http.routes.jobs import created, is_direct, submit_headers, submit_params
 from sftq_server.http.web import (
     JSON_HEADERS,
     Headers,
@@ -292,7 +292,11 @@ class RsgiGateway:
             if pre.outcome == "pending" and api.can_ask_provider():
                 # The provider checks block for their budget at most: on a worker thread.
                 await loop.run_in_executor(self._executor, api.check_resources, pre)
-            answer = await self.group_commit.submit(params)
+            if is_direct(pre):  # "after" or "max_run_seconds": alone, on a worker thread
+                answer = await loop.run_in_executor(self._executor, api.submit_direct,
+                                                    params, pre)
+            else:
+                answer = await self.group_commit.submit(params)
             if pre.to_record:
                 await loop.run_in_executor(self._executor, api.record_preflight,
                                            key_hash, answer, pre)

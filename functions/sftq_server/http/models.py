@@ -35,6 +35,11 @@ MAX_IDEMPOTENCY_KEY = 255
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 MAX_QUEUE_TIMEOUT = 2_592_000  # 30 days
+# Issue 53: a job may run after at most this many of the caller's jobs ("after"), and be
+# bounded to run between these (max_run_seconds; sql/procedures/200, 205 check the same).
+MAX_AFTER = 20
+MIN_RUN_SECONDS = 60
+MAX_RUN_SECONDS = 2_592_000  # 30 days
 
 
 class _Strict(BaseModel):
@@ -53,6 +58,11 @@ class SubmitRequest(_Strict):
     queue_timeout_seconds: StrictInt | None = Field(default=None, ge=1, le=MAX_QUEUE_TIMEOUT)
     # Issue 44: "off" skips the pre-flight shape check for this request.
     validate_: Literal["on", "off"] = Field(default="on", alias="validate")
+    # Issue 53: the caller's jobs (full ids or id prefixes) that must all be SUCCESS before
+    # this one may start; and how long it may run at Fireworks before the queue stops it.
+    after: list[StrictStr] | None = Field(default=None)
+    max_run_seconds: StrictInt | None = Field(default=None, ge=MIN_RUN_SECONDS,
+                                              le=MAX_RUN_SECONDS)
 
     @field_validator("kind", mode="before")
     @classmethod
@@ -95,6 +105,9 @@ class SubmitResponse(_Enqueued):
     # (each present only when there is one).
     warnings: list[PreflightFinding] | None = None
     estimated_cost: dict[str, Any] | None = None
+    # Issue 53: present when the request gave after or max_run_seconds.
+    after: list[UUID] | None = None
+    max_run_seconds: int | None = None
 
 
 class ValidateResponse(_Body):
@@ -126,6 +139,12 @@ class Job(_Body):
     # Added by issue 44: the pre-flight's doubtful findings and the cost estimate.
     warnings: list[PreflightFinding] | None
     estimated_cost: dict[str, Any] | None
+    # Added by issue 53: the jobs it runs after (full ids), its own bound on run time, and
+    # whether its provider progress has stopped moving (and since when).
+    after: list[UUID] | None
+    max_run_seconds: int | None
+    stalled: bool
+    stalled_since: str | None
 
 
 class RetryResponse(_Enqueued):
@@ -151,7 +170,7 @@ class ProgressJob(_Body):
 
 WaitingCode = Literal["behind_own_running_job", "behind_own_queued_job", "does_not_fit",
                       "behind_job_that_does_not_fit", "next_tick", "user_disabled",
-                      "scheduler_stalled"]
+                      "scheduler_stalled", "waiting_for_dependency"]
 
 
 class WaitingReason(_Body):

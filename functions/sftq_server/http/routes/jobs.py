@@ -45,10 +45,13 @@ from sftq_server.http.group_commit import Answer, GroupCommit, Params
 from sftq_server.http.models import (
     DEFAULT_PAGE_SIZE,
     KINDS,
+    MAX_AFTER,
     MAX_DISPLAY_NAME,
     MAX_GPU_COUNT,
     MAX_PAGE_SIZE,
     MAX_QUEUE_TIMEOUT,
+    MAX_RUN_SECONDS,
+    MIN_RUN_SECONDS,
     STATES,
     SUBMIT_FIELDS,
     SubmitRequest,
@@ -101,6 +104,10 @@ _FIELD_MESSAGES = {
     "queue_timeout_seconds": f"queue_timeout_seconds must be an integer from 1 to "
                              f"{MAX_QUEUE_TIMEOUT} (30 days)",
     "validate": 'validate must be "on" (the default) or "off" (skip the pre-flight check)',
+    "after": f"after must be a list of at most {MAX_AFTER} of your job ids (full ids or their "
+             f"first 8 to 32 hexadecimal digits)",
+    "max_run_seconds": f"max_run_seconds must be an integer from {MIN_RUN_SECONDS} to "
+                       f"{MAX_RUN_SECONDS} (30 days)",
 }
 
 
@@ -112,6 +119,9 @@ def parse_submit(body: bytes, check: bool = True) -> tuple[SubmitRequest, str]:
         req = SubmitRequest.model_validate_json(body)
     except ValidationError as exc:
         raise _submit_error(exc, body if check else None) from None
+    if req.after is not None and len(req.after) > MAX_AFTER:
+        raise BadRequest(f"after names {len(req.after)} jobs; at most {MAX_AFTER} are allowed",
+                         code="too_many_dependencies")
     try:
         payload = json.dumps(req.fireworks_payload, ensure_ascii=False, allow_nan=False,
                              separators=(",", ":"))
@@ -250,6 +260,23 @@ def submit_params(key_hash: bytes, idem: str | None, body: bytes,
             req.queue_timeout_seconds), Preflight(req, report.warnings, outcome=outcome)
 
 
+def is_direct(pre: Preflight) -> bool:
+    """Whether POST /jobs goes around the group commit: a request with "after" or
+    "max_run_seconds" (issue 53) is enqueued alone by sftq.api_submit_job, so a plain one
+    pays nothing for them."""
+    return pre.req.after is not None or pre.req.max_run_seconds is not None
+
+
+def submit_direct(db: dbmod.Database, params: Params, pre: Preflight,
+                  default_queue_timeout: int | None) -> Answer:
+    """POST /jobs with "after" or "max_run_seconds": one call of sftq.api_submit_job."""
+    key_hash, kind, payload, name, gpus, idem, timeout = params
+    body, replayed, job_id = one_row(db.fetchone(
+        dbmod.API_SUBMIT_JOB, (key_hash, kind, payload, name, gpus, idem, timeout,
+                               default_queue_timeout, pre.req.after, pre.req.max_run_seconds)))
+    return body, bool(replayed), str(job_id)
+
+
 def created(request: Request, answer: Answer, pre: Preflight | None = None) -> Response:
     """POST /jobs: the 201 for the group commit's answer."""
     body, replayed, job_id = answer
@@ -297,9 +324,13 @@ class JobsApi:
         params, pre = submit_params(key_hash, idem, request.read_body(self.max_body),
                                     self.settings.preflight)
         self.check_resources(pre)
-        answer = self.group_commit.submit(params)
+        answer = self.submit_direct(params, pre) if is_direct(pre) else \
+            self.group_commit.submit(params)
         self.record_preflight(key_hash, answer, pre)
         return created(request, answer, pre)
+
+    def submit_direct(self, params: Params, pre: Preflight) -> Answer:
+        return submit_direct(self.db, params, pre, self.settings.queue_timeout_seconds)
 
     # -- pre-flight at the provider (sftq_server.preflight.resources) ---------------------
 

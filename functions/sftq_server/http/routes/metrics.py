@@ -135,6 +135,10 @@ class Figures:
         yield GaugeMetricFamily("sftq_stream_connections",
                                 "Open live streams over every stream server, as of each one's "
                                 "last refresh.", value=float(a.get("stream_connections") or 0))
+        yield GaugeMetricFamily("sftq_stalled_jobs",
+                                "Running jobs whose progress at Fireworks has not moved for "
+                                "SFTQ_STALL_SECONDS (they are not cancelled).",
+                                value=float(a.get("stalled_jobs") or 0))
 
     def _grouped(self, name: str, labels: tuple[str, ...]) -> list[tuple[tuple[str, ...], float]]:
         out: dict[tuple[str, ...], float] = {}

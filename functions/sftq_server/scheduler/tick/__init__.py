@@ -7,6 +7,8 @@ One tick, in order (docs/scheduling.md explains each step and what happens on fa
  3. reconcile submitted jobs with the provider's state and progress: a listing per kind
     (pages of 200) when there are more than a few, a GET per job otherwise and for ids a
     listing missed; when a kind's listing fails, GETs for its least recently checked jobs;
+ 3b. run limits: record the cancel (run_timeout) of jobs running past their max_run_seconds
+    and stop them as in 4; one stalled event for jobs whose progress stood still;
  4. finish recorded cancels: stop the provider job (DELETE for SFT/DPO, :cancel for RFT),
     then PROGRESS -> CANCELLED;
  5. cancel queued jobs whose queue timeout ran out (no provider call);
@@ -30,6 +32,7 @@ the provider, the counts that become the answer):
 
     run        the order above, the lease between phases, the tick's record (1, 2, 11)
     reconcile  3            cancels   4, 5           preflight  5b
+    run_limits 3b
     quota      6, 10        submit    7, 8, 9 and the last check before giving up
 
 A new phase is a module of its own with a `phase(tick, work)` function, listed in

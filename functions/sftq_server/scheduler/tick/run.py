@@ -34,11 +34,13 @@ from sftq_server.scheduler.tick.context import (
 from sftq_server.scheduler.tick.preflight import preflight
 from sftq_server.scheduler.tick.quota import read_quota, reread_quota
 from sftq_server.scheduler.tick.reconcile import reconcile
+from sftq_server.scheduler.tick.run_limits import run_limits
 from sftq_server.scheduler.tick.submit import admit, retry_submissions, submit_admitted
 
 # The phases that run before admission, in order; each takes the tick and its work rows.
 # A provider that gave up (ProviderDown) ends the phase, not the tick.
-PHASES = (reconcile, finish_cancels, expire_queued, preflight, read_quota, retry_submissions)
+PHASES = (reconcile, run_limits, finish_cancels, expire_queued, preflight, read_quota,
+          retry_submissions)
 
 
 def run_tick(db: Database, provider: FireworksClient, settings: Settings, *,
