@@ -30,4 +30,6 @@ def run_limits(tick: Tick, work: list[Work]) -> None:
         # The breaker: a provider given up on ends the phase; the cancels stay recorded.
         tick.check_provider()
         pid = job_name.rsplit("/", 1)[-1] if job_name else provider_job_id(job_id)
-        stop_and_complete(tick, job_id, kind, pid, submitted=True)
+        # One job's fault (any exception) is recorded on it; the others are still stopped.
+        with tick.job(job_id, "cancel", kind):
+            stop_and_complete(tick, job_id, kind, pid, submitted=True)
