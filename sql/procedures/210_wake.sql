@@ -108,17 +108,19 @@ COMMENT ON FUNCTION sftq.admission_wake_take() IS
     'The tick, just before it admits: clears a pending wake and answers {requested_at, requested_by, waited_ms} ({} when none was pending). What committed before this call is seen by the admission that follows; what commits after sets the flag again. Locking contract: the wake row (waits at most for an event transaction''s commit).';
 
 CREATE OR REPLACE FUNCTION sftq.admission_wake_state()
-RETURNS TABLE (requested_at timestamptz, last_tick_started_at timestamptz, lease_free boolean,
-               has_running boolean)
+RETURNS TABLE (wake_age_seconds double precision, last_tick_age_seconds double precision,
+               lease_free boolean, has_running boolean)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT (SELECT w.requested_at FROM sftq.admission_wake w WHERE w.id),
-           (SELECT t.started_at FROM sftq.scheduler_ticks t ORDER BY t.started_at DESC LIMIT 1),
+    SELECT (SELECT extract(epoch FROM clock_timestamp() - w.requested_at)::double precision
+              FROM sftq.admission_wake w WHERE w.id),
+           (SELECT extract(epoch FROM clock_timestamp() - t.started_at)::double precision
+              FROM sftq.scheduler_ticks t ORDER BY t.started_at DESC LIMIT 1),
            (SELECT l.expires_at IS NULL OR l.expires_at <= clock_timestamp()
               FROM sftq.scheduler_lease l WHERE l.name = 'tick'),
            EXISTS (SELECT 1 FROM sftq.jobs j
                     WHERE j.state = 'PROGRESS' AND j.submitted_at IS NOT NULL)
 $$;
 COMMENT ON FUNCTION sftq.admission_wake_state() IS
-    'What a waker polls (sftq ticker, every ~250 ms; scheduler-tick before a woken tick): the pending wake (NULL: none), when the last tick started, whether the lease is free, and whether any running job is submitted at the provider (a reconcile pass is only worth making then). Reads only; no locks.';
+    'What a waker polls (sftq ticker, every ~250 ms; scheduler-tick before a woken tick), as ages on the database''s clock: how long a wake has been pending (NULL: none), since the last tick started (NULL: no tick yet), whether the lease is free, and whether any running job is submitted at the provider (a reconcile pass is only worth making then). Reads only; no locks.';

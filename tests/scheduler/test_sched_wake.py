@@ -99,5 +99,10 @@ def test_the_wake_state_a_ticker_polls(conn: Conn) -> None:
     row = conn.execute("SELECT * FROM sftq.admission_wake_state()").fetchone()
     assert row == (None, None, True, False)
     enqueue(conn, uid)
+    tick = conn.execute("SELECT sftq.tick_begin('t')").fetchone()
+    assert tick is not None
     row = conn.execute("SELECT * FROM sftq.admission_wake_state()").fetchone()
-    assert row is not None and row[0] is not None
+    assert row is not None
+    assert 0 <= row[0] < 5 and 0 <= row[1] < 5 and row[2:] == (False, False)
+    conn.execute("SELECT sftq.tick_finish(%s, '{}'::jsonb)", (tick[0],))
+    assert conn.execute("SELECT lease_free FROM sftq.admission_wake_state()").fetchone() == (True,)
