@@ -17,14 +17,18 @@
 
 CREATE OR REPLACE FUNCTION sftq.request_admission_wake(p_reason text DEFAULT 'event')
 RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    -- plpgsql, not sql: its plan is cached for the session, where a sql function's body
+    -- would be planned again on every call (some 100 us, on a hot path).
     UPDATE sftq.admission_wake
        SET requested_at = clock_timestamp(), requested_by = left(COALESCE(p_reason, 'event'), 64),
            requests = requests + 1, pokes = pokes + 1
-     WHERE id AND requested_at IS NULL
-    RETURNING true
+     WHERE id AND requested_at IS NULL;
+    RETURN CASE WHEN FOUND THEN true END;
+END
 $$;
 COMMENT ON FUNCTION sftq.request_admission_wake(text) IS
     'Asks for admission to run soon (within about a second where a waker runs): sets the wake flag when it is clear and answers true; answers NULL when a wake is already pending (nothing written). Call it in the transaction that made a waiting job admissible or freed room, so the wake is never seen before that change commits. Locking contract: the wake row, only when the flag is clear, until commit; call it last in the transaction.';
@@ -35,36 +39,47 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    -- Once per transaction: the first row's call sets the flag (or finds it set); the other
-    -- rows of a group commit stop here without reading it again.
-    IF current_setting('sftq.wake_requested', true) = 'on' THEN
+    -- Pending already (the common case under load): a read, and nothing to write.
+    IF NOT EXISTS (SELECT 1 FROM sftq.admission_wake WHERE id AND requested_at IS NULL) THEN
         RETURN NULL;
     END IF;
-    PERFORM set_config('sftq.wake_requested', 'on', true);
-    PERFORM sftq.request_admission_wake(
-        CASE WHEN TG_OP = 'INSERT' THEN 'submit'
-             WHEN NEW.state IN ('SUCCESS', 'FAIL', 'CANCELLED') THEN 'ended'
-             ELSE 'cancel' END);
+    -- sftq.request_admission_wake's statement, inline: one function call less per commit.
+    UPDATE sftq.admission_wake
+       SET requested_at = clock_timestamp(),
+           requested_by = CASE WHEN TG_OP = 'INSERT' THEN 'submit'
+                               WHEN NEW.state IN ('SUCCESS', 'FAIL', 'CANCELLED') THEN 'ended'
+                               ELSE 'cancel' END,
+           requests = requests + 1, pokes = pokes + 1
+     WHERE id AND requested_at IS NULL;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION sftq._jobs_wake() IS
-    'Deferred (at commit) trigger on sftq.jobs: a QUEUED job added, a cancel asked of a running job, a job ended -> sftq.request_admission_wake. At commit, so the wake row is locked for the commit alone and never before a lock the transaction takes later. Once per transaction.';
+    'Deferred (at commit) trigger on sftq.jobs: a QUEUED job added, a cancel asked of a running job, a job ended -> the wake flag set if clear (sftq.request_admission_wake''s statement). At commit, so the wake row is locked for the commit alone and never before a lock the transaction takes later; once per transaction (the triggers'' WHEN queues only the first event).';
 
 -- Constraint triggers cannot be replaced in place: dropped and made again on each apply.
+-- Their WHEN is evaluated as each row is written, and its set_config marks the transaction:
+-- only its first matching row queues an event, so a group commit of 64 submits runs the
+-- function once at commit, not 64 times. (A savepoint rolled back takes both the mark and
+-- the event with it.)
 DROP TRIGGER IF EXISTS jobs_wake_insert ON sftq.jobs;
 CREATE CONSTRAINT TRIGGER jobs_wake_insert
     AFTER INSERT ON sftq.jobs
     DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW WHEN (NEW.state = 'QUEUED')
+    FOR EACH ROW WHEN (
+        NEW.state = 'QUEUED'
+        AND current_setting('sftq.wake_queued', true) IS DISTINCT FROM 'on'
+        AND set_config('sftq.wake_queued', 'on', true) = 'on')
     EXECUTE FUNCTION sftq._jobs_wake();
 DROP TRIGGER IF EXISTS jobs_wake_update ON sftq.jobs;
 CREATE CONSTRAINT TRIGGER jobs_wake_update
     AFTER UPDATE OF state, cancel_requested_at ON sftq.jobs
     DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW WHEN (
-        (NEW.state IS DISTINCT FROM OLD.state AND NEW.state IN ('SUCCESS', 'FAIL', 'CANCELLED'))
-        OR (OLD.cancel_requested_at IS NULL AND NEW.cancel_requested_at IS NOT NULL))
+        ((NEW.state IS DISTINCT FROM OLD.state AND NEW.state IN ('SUCCESS', 'FAIL', 'CANCELLED'))
+         OR (OLD.cancel_requested_at IS NULL AND NEW.cancel_requested_at IS NOT NULL))
+        AND current_setting('sftq.wake_queued', true) IS DISTINCT FROM 'on'
+        AND set_config('sftq.wake_queued', 'on', true) = 'on')
     EXECUTE FUNCTION sftq._jobs_wake();
 
 CREATE OR REPLACE FUNCTION sftq._lease_released_wake()
