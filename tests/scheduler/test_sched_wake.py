@@ -67,6 +67,21 @@ def test_a_rolled_back_submit_sets_nothing(conn: Conn) -> None:
     assert wake(conn) == (None, None, 0, 0)
 
 
+def test_a_submit_after_a_rolled_back_savepoint_still_wakes(conn: Conn) -> None:
+    """The WHEN marks the transaction at its first row; a savepoint rolled back takes the mark
+    and the queued event together, so a later row queues its own."""
+    uid = create_user(conn, "ann")
+    with conn.transaction():
+        try:
+            with conn.transaction():
+                enqueue(conn, uid)
+                raise RuntimeError("roll back the savepoint")
+        except RuntimeError:
+            pass
+        enqueue(conn, uid)
+    assert wake(conn)[1:] == ("submit", 1, 1)
+
+
 def test_cancels_and_ends_set_the_wake(conn: Conn) -> None:
     uid = create_user(conn, "ann", cap=1)
     first = enqueue(conn, uid)
