@@ -329,7 +329,7 @@ def _ticker_direct(args: argparse.Namespace) -> int:
 
     def fire(kind: Pass = "tick") -> str:
         try:
-            return summarize(run_tick(db, provider, settings))
+            return summarize(run_tick(db, provider, settings, pass_=kind))
         except SftqError as exc:
             return f"error: {exc.message}"
 
