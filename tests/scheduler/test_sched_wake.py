@@ -4,10 +4,12 @@ on a live `sftq dev` stack with the ticker at its default 30 s, the latencies it
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,29 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from sched_support import cancel, create_user, enqueue, progress_ids
+from sched_support import (
+    TICK_SECRET,
+    RecordingSimulator,
+    cancel,
+    create_user,
+    enqueue,
+    pid,
+    progress_ids,
+    state,
+)
+
+from sftq_server.core.settings import Settings
+from sftq_server.db import Database
+from sftq_server.provider import FireworksClient
+from sftq_server.scheduler.http import TickApp, make_tick_app
+from sftq_server.scheduler.tick import run_tick
+from sftq_server.scheduler.wake import (
+    Pass,
+    WakePlan,
+    WakeState,
+    early_tick_gap,
+    reconcile_interval,
+)
 
 Conn = psycopg.Connection[Any]
 E2E_CONFTEST = Path(__file__).resolve().parents[1] / "e2e" / "conftest.py"
@@ -287,3 +311,172 @@ def test_the_off_switch_leaves_admission_to_the_periodic_tick(live: Live) -> Non
     job = live.submit(key)
     assert live.until(key, job, "PROGRESS", timeout=FAST) is None
     assert len(live.ticks()) == ticks  # no early tick at all
+
+
+# ---- the passes, in-process against the simulator (issue 53, items 1 and 2) ----------------
+
+@pytest.fixture
+def tick(database: Database, provider: FireworksClient,
+         settings: Settings) -> Callable[..., dict[str, Any]]:
+    """One pass in-process: tick() the periodic tick, tick(pass_="wake") or "reconcile"."""
+
+    def run(pass_: Pass = "tick") -> dict[str, Any]:
+        return run_tick(database, provider, settings, holder="test", pass_=pass_)
+
+    return run
+
+
+def quota_reads(sim: RecordingSimulator) -> int:
+    return sum(1 for r in sim.requests() if r["method"] == "GET" and "quotas" in r["path"])
+
+
+def test_a_woken_tick_takes_the_wake_and_records_it(conn: Conn, tick: Any) -> None:
+    uid = create_user(conn, "ann")
+    job_id = enqueue(conn, uid)
+    result = tick(pass_="wake")
+    assert result["pass"] == "wake" and result["admitted"] == [str(job_id)]
+    assert result["wake"]["requested_by"] == "submit" and result["wake"]["waited_ms"] >= 0
+    assert wake(conn)[0] is None
+    # Recorded with the tick, for the ticks table and the metrics.
+    row = conn.execute("SELECT detail -> 'pass', detail -> 'wake' ->> 'requested_by' "
+                       "FROM sftq.scheduler_ticks ORDER BY id DESC LIMIT 1").fetchone()
+    assert row == ("wake", "submit")
+
+
+def test_a_reconcile_pass_admits_in_the_same_pass_when_a_job_ended(
+        conn: Conn, sim: RecordingSimulator, tick: Any) -> None:
+    ann, bob = create_user(conn, "ann"), create_user(conn, "bob")
+    sim.set_quota(value=4)
+    running = enqueue(conn, ann)
+    tick()
+    waiting = enqueue(conn, bob)
+    tick()
+    assert progress_ids(conn) == {running}  # no room for bob's job
+    take(conn)
+
+    # Nothing ended: the pass reads the running jobs only (no quota read), admits nothing.
+    sim.clear_requests()
+    result = tick(pass_="reconcile")
+    assert result["pass"] == "reconcile" and result["admitted"] == []
+    assert quota_reads(sim) == 0
+    assert [r["method"] for r in sim.requests()] == ["GET"]
+
+    # It ended at the provider: the same pass sees it and admits the waiting job.
+    sim.finish("SFT", pid(running), "JOB_STATE_COMPLETED")
+    result = tick(pass_="reconcile")
+    assert result["reconciled"] == 1 and result["admitted"] == [str(waiting)]
+    assert state(conn, running) == "SUCCESS" and state(conn, waiting) == "PROGRESS"
+
+
+def test_a_reconcile_pass_leaves_a_queued_job_with_room_to_the_wake(
+        conn: Conn, sim: RecordingSimulator, tick: Any) -> None:
+    """A reconcile pass is no admission pass: with nothing ended it does not read the quota,
+    so a job waiting with room is the woken tick's (or the periodic tick's) to admit."""
+    uid = create_user(conn, "ann", cap=2)
+    running = enqueue(conn, uid)
+    tick()
+    assert progress_ids(conn) == {running}
+    queued = enqueue(conn, uid)
+    result = tick(pass_="reconcile")
+    assert result["admitted"] == [] and state(conn, queued) == "QUEUED"
+    assert wake(conn)[0] is not None  # still pending for the woken tick
+    assert tick(pass_="wake")["admitted"] == [str(queued)]
+
+
+# ---- when to fire: the plan from the settings and the request budget ----------------------
+
+def plan_for(**overrides: Any) -> WakePlan:
+    return WakePlan.from_settings(Settings(database_url="", **overrides))
+
+
+def test_the_plan_follows_the_request_budget() -> None:
+    assert early_tick_gap(Settings(database_url="")) == 1.0
+    assert reconcile_interval(Settings(database_url="")) == 10.0
+    # 10 requests a minute (an account without a payment method), half of them the tick's:
+    # a woken tick costs 4 calls (24 s each at 5 a minute), a reconcile pass 3 (36 s).
+    low = Settings(database_url="", fireworks_rpm=10)
+    assert early_tick_gap(low) == 48.0 and reconcile_interval(low) == 36.0
+    assert reconcile_interval(Settings(database_url="", reconcile_freshness_seconds=0)) == \
+        float("inf")
+    assert plan_for(fireworks_rpm=10).wait_before_woken_tick(WakeState(0.1, 1.0, True, False)) \
+        is None  # 47 s more: left to the periodic tick
+
+
+@pytest.mark.parametrize(("state", "due"), [
+    (WakeState(None, 100.0, True, False), None),
+    (WakeState(0.2, 5.0, True, False), "wake"),
+    (WakeState(0.2, 0.5, True, False), None),  # the gap since the last tick
+    (WakeState(0.2, 5.0, False, True), None),  # a tick runs: its end is seen next poll
+    (WakeState(None, 12.0, True, True), "reconcile"),
+    (WakeState(None, 8.0, True, True), None),
+    (WakeState(None, 12.0, True, False), None),  # nothing runs at the provider
+    (WakeState(0.2, 12.0, True, True), "wake"),
+    (WakeState(0.2, None, True, False), "wake"),
+])
+def test_what_is_due(state: WakeState, due: str | None) -> None:
+    assert plan_for().due(state) == due
+
+
+def test_the_off_switch_plans_no_woken_tick() -> None:
+    assert plan_for(event_admission=False).due(WakeState(0.2, 5.0, True, False)) is None
+    assert plan_for(event_admission=False).due(WakeState(0.2, 12.0, True, True)) == "reconcile"
+
+
+# ---- scheduler-tick: the pass in the body ------------------------------------------------
+
+def post(app: TickApp, body: bytes) -> tuple[int, Any]:
+    status, _, answer = app.handle("POST", f"Bearer {TICK_SECRET}", body)
+    return status, json.loads(answer)
+
+
+@pytest.fixture
+def tick_app(settings: Settings, database: Database, make_provider: Any) -> Iterator[TickApp]:
+    app = make_tick_app(settings, db=database, provider_factory=make_provider)
+    yield app
+    app.close()
+
+
+def test_scheduler_tick_reads_the_pass_from_its_body(conn: Conn, tick_app: TickApp) -> None:
+    uid = create_user(conn, "ann")
+    for body in (b"[]", b'{"pass": "sweep"}', b'{"wake": 1}', b"not json"):
+        status, answer = post(tick_app, body)
+        assert status == 400 and "wake" in answer["error"], body
+    status, answer = post(tick_app, b'{"wake": true}')
+    assert (status, answer["status"]) == (200, "skipped")
+    assert answer["reason"].startswith("no wake pending")
+    job_id = enqueue(conn, uid)
+    status, answer = post(tick_app, b'{"wake": true}')
+    assert status == 200 and answer["pass"] == "wake" and answer["admitted"] == [str(job_id)]
+    # The last tick is fresh: a reconcile pass now would spend the budget for nothing.
+    status, answer = post(tick_app, b'{"pass": "reconcile"}')
+    assert answer["status"] == "skipped" and "passes come every 10 s" in answer["reason"]
+    status, answer = post(tick_app, b"{}")
+    assert answer["pass"] == "tick"
+    status, answer = post(tick_app, b"")
+    assert answer["pass"] == "tick"
+
+
+def test_scheduler_tick_waits_out_the_gap_before_a_woken_tick(
+        conn: Conn, tick_app: TickApp) -> None:
+    uid = create_user(conn, "ann", cap=2)
+    assert post(tick_app, b"{}")[1]["pass"] == "tick"
+    enqueue(conn, uid)
+    started = time.monotonic()
+    status, answer = post(tick_app, b'{"wake": true}')
+    assert answer["pass"] == "wake" and len(answer["admitted"]) == 1
+    assert time.monotonic() - started >= 0.5  # the gap (1 s) since the tick just before
+
+
+@pytest.mark.parametrize("settings_off", [{"event_admission": False}], indirect=False)
+def test_scheduler_tick_with_the_off_switch_skips_woken_ticks(
+        conn: Conn, settings: Settings, database: Database, make_provider: Any,
+        settings_off: dict[str, Any]) -> None:
+    app = make_tick_app(dataclasses.replace(settings, **settings_off), db=database,
+                        provider_factory=make_provider)
+    try:
+        enqueue(conn, create_user(conn, "ann"))
+        status, answer = post(app, b'{"wake": true}')
+        assert answer["status"] == "skipped" and "SFTQ_EVENT_ADMISSION=off" in answer["reason"]
+        assert post(app, b"{}")[1]["admitted"]  # the periodic tick still admits
+    finally:
+        app.close()
