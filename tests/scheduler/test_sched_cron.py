@@ -203,7 +203,7 @@ def real_cron(pg_cluster: LocalCluster) -> Iterator[tuple[str, Conn]]:
             yield url, conn
         finally:
             conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = ANY(%s)",
-                         (list(JOBS),))
+                         ([*JOBS, "sftq-scheduler-reconcile"],))
             conn.execute("DROP SCHEMA vault, net CASCADE")
 
 
