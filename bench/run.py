@@ -54,7 +54,7 @@ DB_PROBE = "a fixed hash aggregation in PostgreSQL (the database probe)"
 
 SECTIONS = ("enqueue", "admission", "analytics", "tick", "footprint", "profile", "stream",
             "webhooks",
-            "visibility", "mcp", "preflight", "metrics")
+            "visibility", "mcp", "preflight", "metrics", "admission_latency")
 
 
 def _module(name: str) -> Any:

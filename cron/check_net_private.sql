@@ -5,8 +5,9 @@
 --   psql "$SUPABASE_DB_URL" -X -v ON_ERROR_STOP=1 -f cron/check_net_private.sql
 --
 -- The owners: the roles that own the pg_cron jobs sftq-scheduler-tick and
--- sftq-webhooks-deliver (pg_cron runs a job as its owner), and the owner of the webhook poke
--- (sftq_cron._webhook_poke, SECURITY DEFINER); with none of them, the role running this check.
+-- sftq-webhooks-deliver (pg_cron runs a job as its owner), and the owners of the pokes
+-- (sftq_cron._webhook_poke and the admission wake-up sftq_cron._tick_poke, SECURITY
+-- DEFINER); with none of them, the role running this check.
 -- Who must not reach net: PUBLIC, anon, authenticated, and every other login role except
 -- superusers and Supabase's own service roles (supabase_*), whether the right was granted
 -- to it or comes through a role it belongs to. The same roles must not be able to use the
@@ -30,7 +31,8 @@ BEGIN
     IF to_regclass('cron.job') IS NOT NULL THEN
         EXECUTE 'SELECT coalesce(array_agg(DISTINCT username::name), ''{}'') FROM cron.job '
                 'WHERE jobname = ANY($1)' INTO v_owners
-          USING ARRAY['sftq-scheduler-tick', 'sftq-scheduler-tick-offset', 'sftq-webhooks-deliver'];
+          USING ARRAY['sftq-scheduler-tick', 'sftq-scheduler-tick-offset',
+                      'sftq-scheduler-reconcile', 'sftq-webhooks-deliver'];
     END IF;
     IF to_regprocedure('sftq._webhook_poke()') IS NOT NULL THEN
         RAISE EXCEPTION 'sftq._webhook_poke() is left from an older cron/schedule_webhooks.sql, and it is owned by %: every migrate hands the SECURITY DEFINER functions of schema sftq to sftq_definer, which can reach neither pg_net nor Vault, so this poke sends nothing (webhooks wait for the 5-second cron job)',
@@ -38,13 +40,15 @@ BEGIN
                           WHERE oid = to_regprocedure('sftq._webhook_poke()'))
             USING HINT = 'Run cron/schedule_webhooks.sql again as the jobs'' owner (infra/deploy.sh cron does): it moves the poke to schema sftq_cron, which migrations never touch.';
     END IF;
-    IF to_regprocedure('sftq_cron._webhook_poke()') IS NOT NULL THEN
-        SELECT r.rolname INTO v_owner FROM pg_proc p JOIN pg_roles r ON r.oid = p.proowner
-         WHERE p.oid = to_regprocedure('sftq_cron._webhook_poke()');
+    FOR v_owner IN
+        SELECT r.rolname FROM pg_proc p JOIN pg_roles r ON r.oid = p.proowner
+         WHERE p.oid IN (to_regprocedure('sftq_cron._webhook_poke()'),
+                         to_regprocedure('sftq_cron._tick_poke()'))
+    LOOP
         IF v_owner <> ALL (v_owners) THEN
             v_owners := array_append(v_owners, v_owner);
         END IF;
-    END IF;
+    END LOOP;
     IF cardinality(v_owners) = 0 THEN
         v_owners := ARRAY[current_user];
     END IF;
@@ -60,7 +64,8 @@ BEGIN
          WHERE p.pronamespace = 'net'::regnamespace
         UNION ALL
         SELECT p.oid, p.oid::regprocedure::text, p.proacl FROM pg_proc p
-         WHERE p.oid = to_regprocedure('sftq_cron._webhook_poke()')
+         WHERE p.oid IN (to_regprocedure('sftq_cron._webhook_poke()'),
+                         to_regprocedure('sftq_cron._tick_poke()'))
     ), nsp AS (
         SELECT n.oid, n.nspname::text AS name, n.nspacl FROM pg_namespace n
          WHERE n.nspname = 'sftq_cron'

@@ -5,6 +5,18 @@
 --        -f cron/schedule_tick.sql
 --
 -- Optional: -v tick_schedule='15 seconds' (any pg_cron schedule; default '30 seconds').
+--           -v wake=off: no admission wake-up (default on: see below).
+--           -v reconcile_schedule='20 seconds' (default '10 seconds'; 'off' removes the job).
+--
+-- Besides the periodic job it installs two things (docs/scheduling.md, How admission is
+-- woken):
+-- * the admission wake-up (_tick_poke.sql): a trigger on sftq.admission_wake that has pg_net
+--   POST {"wake": true} to the tick right after a commit that submits, cancels or ends a job,
+--   so admission runs within about a second; the periodic job stays the safety net;
+-- * sftq-scheduler-reconcile: every 10 seconds, while some job runs at the provider, a POST
+--   {"pass": "reconcile"} that reads the running jobs' states (one listing call per kind)
+--   and admits in the same pass when one ended. scheduler-tick skips it when FIREWORKS_RPM
+--   leaves the tick too few requests for that pace. An idle queue costs no invocation.
 -- Run it in the database that holds pg_cron (on Supabase: postgres). Running it again
 -- replaces the job (same name) and updates the two Vault secrets: nothing is duplicated.
 -- Needs the extensions pg_cron, pg_net, supabase_vault and pgcrypto. It also closes pg_net's
@@ -21,6 +33,12 @@
 \else
 \set tick_schedule '30 seconds'
 \endif
+
+\if :{?reconcile_schedule}
+\else
+\set reconcile_schedule '10 seconds'
+\endif
+SELECT :'reconcile_schedule' <> 'off' AS reconcile_on \gset sftq_cron_
 
 \if :{?tick_url}
 \else
@@ -40,5 +58,25 @@ SELECT cron.schedule(
     :'tick_schedule',
     :'sftq_cron_command'
 ) AS jobid \gset sftq_cron_
+
+\if :sftq_cron_reconcile_on
+-- Fires only while a job runs at the provider (one probe of the PROGRESS index).
+SELECT cron.schedule(
+    'sftq-scheduler-reconcile',
+    :'reconcile_schedule',
+    replace(:'sftq_cron_command', 'body := ''{}''::jsonb', 'body := ''{"pass": "reconcile"}''::jsonb')
+    || $where$
+     WHERE EXISTS (SELECT 1 FROM sftq.jobs
+                    WHERE state = 'PROGRESS' AND submitted_at IS NOT NULL)$where$
+) AS jobid \gset sftq_cron_reconcile_
+\else
+SELECT count(cron.unschedule(jobid)) AS removed FROM cron.job
+ WHERE jobname = 'sftq-scheduler-reconcile' \gset sftq_cron_reconcile_
+\endif
+
+\ir _tick_poke.sql
 COMMIT;
 \echo 'scheduled sftq-scheduler-tick:' :'tick_schedule'
+\if :sftq_cron_reconcile_on
+\echo 'scheduled sftq-scheduler-reconcile:' :'reconcile_schedule'
+\endif

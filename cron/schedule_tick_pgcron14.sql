@@ -12,6 +12,13 @@
 -- second job. Same needs as schedule_tick.sql: pg_net, supabase_vault and pgcrypto in this database
 -- (the one named by cron.database_name). Where those are missing, run `sftq ticker`
 -- instead. Remove with unschedule_tick.sql.
+--
+-- The admission wake-up is installed as on Supabase (_tick_poke.sql; -v wake=off removes
+-- it): pg_net POSTs {"wake": true} right after a commit that submits, cancels or ends a job,
+-- so admission does not wait for the minute. Without pg_net there is no wake-up from the
+-- database: run `sftq ticker` (it polls the wake flag) instead of these jobs. There is no
+-- reconcile job here (pg_cron 1.4 cannot run one every 10 s): running jobs are read at each
+-- tick, and `sftq ticker` adds the reconcile passes where it runs.
 
 \set ON_ERROR_STOP on
 
@@ -48,4 +55,9 @@ SELECT cron.schedule(
 SELECT count(cron.unschedule(jobid)) AS removed FROM cron.job
  WHERE jobname = 'sftq-scheduler-tick-offset' \gset sftq_cron_offset_
 \endif
+-- A reconcile job left by schedule_tick.sql (seconds schedules) cannot run here.
+SELECT count(cron.unschedule(jobid)) AS removed FROM cron.job
+ WHERE jobname = 'sftq-scheduler-reconcile' \gset sftq_cron_reconcile_
+
+\ir _tick_poke.sql
 COMMIT;

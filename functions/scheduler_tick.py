@@ -50,6 +50,8 @@ _refuse_a_weak_secret()
 
 
 def scheduler_tick(request: Any) -> tuple[bytes, int, dict[str, str]]:
-    """POST with `Authorization: Bearer $SFTQ_TICK_SECRET` runs one scheduler tick."""
-    status, headers, body = _app.get().handle(request.method, request.headers.get("Authorization"))
+    """POST with `Authorization: Bearer $SFTQ_TICK_SECRET` runs one scheduler tick (its body:
+    {} a tick, {"wake": true} a woken tick, {"pass": "reconcile"} a reconcile pass)."""
+    status, headers, body = _app.get().handle(request.method, request.headers.get("Authorization"),
+                                              request.stream.read(4096))
     return body, status, headers

@@ -203,7 +203,7 @@ def real_cron(pg_cluster: LocalCluster) -> Iterator[tuple[str, Conn]]:
             yield url, conn
         finally:
             conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = ANY(%s)",
-                         (list(JOBS),))
+                         ([*JOBS, "sftq-scheduler-reconcile"],))
             conn.execute("DROP SCHEMA vault, net CASCADE")
 
 
@@ -454,10 +454,14 @@ def test_the_webhook_job_and_poke_send_tokens_and_keep_pg_net_closed(
     conn.execute(command)
     assert conn.execute("SELECT count(*) FROM net.http_request_queue").fetchone() == (0,)
     uid = hooked_user(conn)
-    # The poke: the transaction that wrote the delivery queued one request with a token.
+    # The poke: the transaction that wrote the delivery queued one request with a token (and,
+    # being a submit, one admission wake-up to the tick: tests below).
     conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (uid,))
-    poke = conn.execute("SELECT url, headers FROM net.http_request_queue").fetchall()
+    poke = conn.execute("SELECT url, headers FROM net.http_request_queue "
+                        "WHERE url <> %s", (URL,)).fetchall()
     assert len(poke) == 1 and poke[0][0] == DELIVER_URL
+    assert conn.execute("SELECT count(*) FROM net.http_request_queue WHERE url = %s",
+                        (URL,)).fetchone() == (1,)
     match = TOKEN.fullmatch(poke[0][1]["Authorization"])
     assert match is not None, poke
     assert bearer_ok(poke[0][1]["Authorization"].removeprefix("Bearer "), SECRET, time.time())
@@ -497,8 +501,10 @@ def api_enqueue_as_sftq_api(conn: Conn, user: str) -> None:
 
 
 def queued_pokes(conn: Conn) -> list[tuple[str, str]]:
+    """The webhook pokes queued (not the admission wake-ups to the tick, tested below)."""
     return [(r[0], r[1]["Authorization"]) for r in conn.execute(
-        "SELECT url, headers FROM net.http_request_queue ORDER BY id").fetchall()]
+        "SELECT url, headers FROM net.http_request_queue WHERE url <> %s ORDER BY id",
+        (URL,)).fetchall()]
 
 
 @needs_psql
@@ -674,3 +680,141 @@ def test_the_webhooks_script_on_real_pg_cron(real_cron: tuple[str, Conn]) -> Non
     assert done.returncode != 0 and "sftq.webhook_deliveries" in done.stderr
     assert webhook_jobs(conn) == {} and secrets(conn) == {}
     assert conn.execute("SELECT to_regnamespace('sftq_cron')").fetchone() == (None,)
+
+
+# ---- the admission wake-up and the reconcile job (issue 53) -------------------------------
+
+def tick_requests(conn: Conn) -> list[tuple[Any, str]]:
+    """What was queued for scheduler-tick: (body, Authorization)."""
+    return [(r[0], r[1]["Authorization"]) for r in conn.execute(
+        "SELECT convert_from(body, 'UTF8')::jsonb, headers FROM net.http_request_queue "
+        "WHERE url = %s ORDER BY id", (URL,)).fetchall()]
+
+
+def wake_trigger(conn: Conn) -> str | None:
+    row = conn.execute("SELECT tgfoid::regprocedure::text FROM pg_trigger "
+                       "WHERE tgrelid = 'sftq.admission_wake'::regclass "
+                       "AND tgname = 'admission_wake_poke'").fetchone()
+    return None if row is None else str(row[0])
+
+
+def reconcile_job(conn: Conn) -> tuple[str, str] | None:
+    row = conn.execute("SELECT schedule, command FROM cron.job "
+                       "WHERE jobname = 'sftq-scheduler-reconcile'").fetchone()
+    return None if row is None else (str(row[0]), str(row[1]))
+
+
+@needs_psql
+@pytest.mark.parametrize("script", ["schedule_tick.sql", "schedule_tick_pgcron14.sql"])
+def test_a_submit_pokes_the_tick_once_until_a_tick_takes_the_wake(
+        standin_cron: tuple[str, Conn], script: str) -> None:
+    url, conn = standin_cron
+    done = psql(url, script, tick_url=URL)
+    assert done.returncode == 0, done.stderr
+    assert wake_trigger(conn) == "sftq_cron._tick_poke()"
+    uid = conn.execute("SELECT sftq.create_user('ann')").fetchone()
+    assert uid is not None
+    conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (uid[0],))
+    (body, authorization), = tick_requests(conn)
+    assert body == {"wake": True}
+    assert TOKEN.fullmatch(authorization) is not None
+    assert bearer_ok(authorization.removeprefix("Bearer "), SECRET, time.time())
+    # The wake is pending: a burst of submits sends nothing more.
+    for _ in range(5):
+        conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (uid[0],))
+    assert len(tick_requests(conn)) == 1
+    # A tick takes it; a submit during the tick pokes (the POST will find the lease taken),
+    # and the tick's end pokes again, once, so that wake is not lost.
+    tick = conn.execute("SELECT sftq.tick_begin('t')").fetchone()
+    assert tick is not None
+    conn.execute("SELECT sftq.admission_wake_take()")
+    conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (uid[0],))
+    assert len(tick_requests(conn)) == 2
+    conn.execute("SELECT sftq.tick_finish(%s, '{}'::jsonb)", (tick[0],))
+    assert [b for b, _ in tick_requests(conn)] == [{"wake": True}] * 3
+    passed = check_net(url)
+    assert passed.returncode == 0, passed.stderr
+
+    # wake=off takes the trigger away; the periodic job stays.
+    done = psql(url, script, tick_url=URL, wake="off")
+    assert done.returncode == 0, done.stderr
+    assert wake_trigger(conn) is None and "sftq-scheduler-tick" in jobs(conn)
+    conn.execute("SELECT sftq.admission_wake_take()")
+    conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (uid[0],))
+    assert len(tick_requests(conn)) == 3
+
+    done = psql(url, "unschedule_tick.sql", secret=None)
+    assert done.returncode == 0, done.stderr
+    assert conn.execute("SELECT to_regprocedure('sftq_cron._tick_poke()')").fetchone() == (None,)
+    assert conn.execute("SELECT to_regnamespace('sftq_cron')").fetchone() == (None,)
+
+
+@needs_psql
+def test_the_wake_up_survives_migrates_and_stays_closed(standin_cron: tuple[str, Conn]) -> None:
+    url, conn = standin_cron
+    assert psql(url, "schedule_tick.sql", tick_url=URL).returncode == 0
+    assert psql(url, "schedule_webhooks.sql", deliver_url=DELIVER_URL).returncode == 0
+    hooked_user(conn)
+    for _ in range(2):
+        migrate_again(conn, url)
+        assert wake_trigger(conn) == "sftq_cron._tick_poke()"
+        assert definer_owners(conn) == ["sftq_definer"]
+        passed = check_net(url)
+        assert passed.returncode == 0, passed.stderr
+        conn.execute("DELETE FROM net.http_request_queue")
+        conn.execute("SELECT sftq.admission_wake_take()")
+        # Through the API's own path: sftq_api, whose functions run as sftq_definer; neither
+        # reaches pg_net, the wake-up runs as the jobs' owner.
+        api_enqueue_as_sftq_api(conn, "hooked")
+        (body, authorization), = tick_requests(conn)
+        assert body == {"wake": True}
+        assert bearer_ok(authorization.removeprefix("Bearer "), SECRET, time.time())
+    for role in ("anon", "authenticated", PROBE_LOGIN, "sftq_api", "sftq_definer",
+                 "sftq_scheduler", "public"):
+        assert conn.execute("SELECT has_function_privilege(%s, 'sftq_cron._tick_poke()', "
+                            "'EXECUTE')", (role,)).fetchone() == (False,), role
+    conn.execute(f"GRANT EXECUTE ON FUNCTION sftq_cron._tick_poke() TO {PROBE_LOGIN}")
+    refused = check_net(url)
+    assert refused.returncode != 0
+    assert f"{PROBE_LOGIN} can execute sftq_cron._tick_poke()" in refused.stderr
+    assert psql(url, "schedule_tick.sql", tick_url=URL).returncode == 0
+    assert check_net(url).returncode == 0
+    # The webhooks' unschedule leaves the schema to the wake-up, and the other way round.
+    assert psql(url, "unschedule_webhooks.sql", secret=None).returncode == 0
+    assert wake_trigger(conn) == "sftq_cron._tick_poke()"
+    assert psql(url, "unschedule_tick.sql", secret=None).returncode == 0
+    assert conn.execute("SELECT to_regnamespace('sftq_cron')").fetchone() == (None,)
+
+
+@needs_psql
+def test_the_reconcile_job_fires_only_while_jobs_run(standin_cron: tuple[str, Conn]) -> None:
+    url, conn = standin_cron
+    done = psql(url, "schedule_tick.sql", tick_url=URL)
+    assert done.returncode == 0, done.stderr
+    job = reconcile_job(conn)
+    assert job is not None and job[0] == "10 seconds"
+    assert SECRET not in job[1] and URL not in job[1]
+    conn.execute(job[1])
+    assert tick_requests(conn) == []  # nothing runs: no invocation
+    uid = conn.execute("SELECT sftq.create_user('ann')").fetchone()
+    assert uid is not None
+    row = conn.execute("SELECT sftq.enqueue(%s, 'SFT', '{}'::jsonb)", (uid[0],)).fetchone()
+    assert row is not None
+    conn.execute("SELECT sftq.admit(64)")
+    conn.execute("SELECT sftq.record_submitted(id, 'accounts/a/supervisedFineTuningJobs/x', "
+                 "'JOB_STATE_RUNNING', false) FROM sftq.jobs")
+    conn.execute("DELETE FROM net.http_request_queue")
+    conn.execute(job[1])
+    (body, authorization), = tick_requests(conn)
+    assert body == {"pass": "reconcile"}
+    assert bearer_ok(authorization.removeprefix("Bearer "), SECRET, time.time())
+
+    done = psql(url, "schedule_tick.sql", tick_url=URL, reconcile_schedule="20 seconds")
+    assert done.returncode == 0, done.stderr
+    assert reconcile_job(conn) == ("20 seconds", job[1])
+    done = psql(url, "schedule_tick.sql", tick_url=URL, reconcile_schedule="off")
+    assert done.returncode == 0, done.stderr
+    assert reconcile_job(conn) is None
+    assert psql(url, "schedule_tick.sql", tick_url=URL).returncode == 0
+    assert psql(url, "unschedule_tick.sql", secret=None).returncode == 0
+    assert reconcile_job(conn) is None

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from sftq_server.core.settings import Settings
     from sftq_server.db import Database
     from sftq_server.provider import FireworksClient
+    from sftq_server.scheduler.wake import Pass, WakePlan
 
 # Exit codes of `sftq tick`.
 EXIT_OK = 0  # the tick ran (status ok) or another tick held the lease (skipped)
@@ -164,33 +165,106 @@ def stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
-def _loop(interval: float, max_ticks: int, fire: Callable[[], str]) -> int:
-    """Fire every `interval` seconds (start to start) until a signal or `max_ticks`."""
+def _loop(interval: float, max_ticks: int, fire: Callable[[Pass], str],
+          waker: Waker | None = None) -> int:
+    """Fire a tick every `interval` seconds (start to start) until a signal or `max_ticks`;
+    between them, with a waker, a woken tick or a reconcile pass whenever it says one is due."""
+    from sftq_server.scheduler.wake import POLL_SECONDS
+
     with stop_on_signals() as stop:
         fired = 0
+        next_tick = time.monotonic()
         while not stop.is_set():
-            started = time.monotonic()
+            now = time.monotonic()
+            kind: Pass | None = None
+            if now >= next_tick:
+                kind = "tick"
+                next_tick = now + interval
+            elif waker is not None:
+                kind = waker.due()
+            if kind is None:
+                wait = max(0.0, next_tick - now)
+                stop.wait(wait if waker is None else min(wait, POLL_SECONDS))
+                continue
             try:
-                line = fire()
+                line = fire(kind)
             except Exception as exc:  # noqa: BLE001 - the ticker outlives any one tick
                 line = f"error: {type(exc).__name__}: {exc}"
             if line:  # "": a tick the function has logged itself (--quiet)
-                print(f"{_now()} {line}", flush=True)
+                label = "" if kind == "tick" else f"{kind}: "
+                print(f"{_now()} {label}{line}", flush=True)
             fired += 1
             if max_ticks and fired >= max_ticks:
                 break
-            stop.wait(max(0.0, interval - (time.monotonic() - started)))
+            # No wait: a wake that landed during that tick is due at once (the gap permitting).
     return EXIT_OK
 
 
+class Waker:
+    """Polls the wake flag (sftq.admission_wake_state) and says which early pass is due.
+
+    A poll, not LISTEN: it works through any pooler (LISTEN needs a session of its own,
+    which a transaction-mode pooler does not give), it costs one small indexed read every
+    POLL_SECONDS, and the events need no NOTIFY, which would serialise the commits of every
+    submit on the notification queue's lock.
+    """
+
+    def __init__(self, db: Database, plan: WakePlan) -> None:
+        self.db = db
+        self.plan = plan
+        self._failing = False
+
+    def due(self) -> Pass | None:
+        from sftq_server.core.errors import SftqError
+        from sftq_server.scheduler.wake import WakeState
+
+        try:
+            state = WakeState.read(self.db)
+        except SftqError as exc:
+            if not self._failing:  # once per outage: the periodic tick goes on regardless
+                print(f"{_now()} wake: cannot read the wake flag ({exc.message}); "
+                      "ticking on the interval only until it answers", flush=True)
+            self._failing = True
+            return None
+        if self._failing:
+            print(f"{_now()} wake: reading the wake flag again", flush=True)
+            self._failing = False
+        return self.plan.due(state)
+
+    def describe(self) -> str:
+        parts = []
+        if self.plan.event_admission:
+            parts.append(f"woken admission (ticks at least {self.plan.gap:g}s apart)")
+        if self.plan.reconcile_every != float("inf"):
+            parts.append(f"reconcile passes every {self.plan.reconcile_every:g}s while jobs run")
+        return ", ".join(parts) or "no early ticks"
+
+
+def _waker(db_url: str | None, settings: Settings) -> tuple[Waker | None, Database | None]:
+    """A waker on `db_url`, unless the settings want no early pass or there is no URL."""
+    from sftq_server.db import Database
+    from sftq_server.scheduler.wake import WakePlan
+
+    plan = WakePlan.from_settings(settings)
+    if not db_url or (not plan.event_admission and plan.reconcile_every == float("inf")):
+        return None, None
+    db = Database(db_url, max_size=1, timeout=settings.db_timeout_seconds)
+    return Waker(db, plan), db
+
+
 def _http_fire(client: httpx.Client, url: str, secret: str, quiet: bool = False
-               ) -> Callable[[], str]:
-    """POST one tick; its line. With quiet, "" for a tick that ran: the function logs it."""
+               ) -> Callable[[Pass], str]:
+    """POST one tick (a woken tick or a reconcile pass: its body says which); its line. With
+    quiet, "" for a tick that ran: the function logs it."""
     import httpx
 
-    def fire() -> str:
+    bodies: dict[str, dict[str, Any]] = {"tick": {}, "wake": {"wake": True},
+                                         "reconcile": {"pass": "reconcile"}}
+
+    def fire(kind: Pass = "tick") -> str:
         try:
-            response = client.post(url, headers={"Authorization": f"Bearer {secret}"}, json={})
+            response = client.post(url, headers={"Authorization": f"Bearer {secret}"},
+                                   json=bodies[kind])
         except httpx.HTTPError as exc:
             return f"error: {type(exc).__name__}: could not reach {url}"
         try:
@@ -214,6 +288,8 @@ def _cmd_ticker(args: argparse.Namespace) -> int:
         return _ticker_direct(args)
     import httpx
 
+    from sftq_server.core.settings import Settings
+
     config = _config(args)
     url = args.url
     if not url:
@@ -227,10 +303,17 @@ def _cmd_ticker(args: argparse.Namespace) -> int:
     if not secret:
         _err("error: SFTQ_TICK_SECRET is not set")
         return EXIT_USAGE
-    print(f"{_now()} ticker: POST {url} every {args.interval:g}s", flush=True)
-    with httpx.Client(timeout=args.timeout) as client:
-        return _loop(args.interval, args.max_ticks,
-                     _http_fire(client, url, secret, quiet=args.quiet))
+    settings = Settings.from_env()
+    waker, wake_db = _waker(args.database_url or config.get("DATABASE_URL"), settings)
+    print(f"{_now()} ticker: POST {url} every {args.interval:g}s"
+          + (f"; {waker.describe()}" if waker else ""), flush=True)
+    try:
+        with httpx.Client(timeout=args.timeout) as client:
+            return _loop(args.interval, args.max_ticks,
+                         _http_fire(client, url, secret, quiet=args.quiet), waker)
+    finally:
+        if wake_db is not None:
+            wake_db.close()
 
 
 def _ticker_direct(args: argparse.Namespace) -> int:
@@ -242,19 +325,23 @@ def _ticker_direct(args: argparse.Namespace) -> int:
     except ValueError as exc:
         _err(f"error: {exc} (or pass --simulator-url URL)")
         return EXIT_USAGE
+    waker, wake_db = _waker(settings.database_url, settings)
 
-    def fire() -> str:
+    def fire(kind: Pass = "tick") -> str:
         try:
-            return summarize(run_tick(db, provider, settings))
+            return summarize(run_tick(db, provider, settings, pass_=kind))
         except SftqError as exc:
             return f"error: {exc.message}"
 
-    print(f"{_now()} ticker: direct ticks every {args.interval:g}s", flush=True)
+    print(f"{_now()} ticker: direct ticks every {args.interval:g}s"
+          + (f"; {waker.describe()}" if waker else ""), flush=True)
     try:
-        return _loop(args.interval, args.max_ticks, fire)
+        return _loop(args.interval, args.max_ticks, fire, waker)
     finally:
         provider.close()
         db.close()
+        if wake_db is not None:
+            wake_db.close()
 
 
 # -- sftq simulator --------------------------------------------------------------------

@@ -167,6 +167,16 @@ class Settings:
     # `host`, `host:port` or `host:*`; `*` turns the check off); empty: the loopback hosts on
     # any port and SUPABASE_URL's host (sftq_server.http.mcp.transport_security).
     mcp_allowed_hosts: str = ""
+    # Event-driven admission (docs/scheduling.md): a submit, a cancel or a job's end wakes
+    # admission within about a second instead of at the next periodic tick (off: only the
+    # periodic tick admits, as before).
+    event_admission: bool = True
+    # ... and woken ticks start at least this far apart (a burst of submits coalesces into a
+    # few ticks); wider when FIREWORKS_RPM leaves the tick too few requests for one a second.
+    wake_min_gap_seconds: float = 1.0
+    # Running jobs' provider state is read at least this often when the request budget
+    # allows (a reconcile pass between periodic ticks; 0: only at the periodic tick).
+    reconcile_freshness_seconds: float = 10.0
     stream: StreamSettings = field(default_factory=StreamSettings)
 
     @property
@@ -212,6 +222,9 @@ class Settings:
             preflight_budget_ms=_float("SFTQ_PREFLIGHT_BUDGET_MS", 2000.0),
             preflight_tick_limit=_int("SFTQ_PREFLIGHT_TICK_LIMIT", 20),
             mcp_allowed_hosts=os.environ.get("SFTQ_MCP_ALLOWED_HOSTS", ""),
+            event_admission=_bool("SFTQ_EVENT_ADMISSION", True),
+            wake_min_gap_seconds=_float("SFTQ_WAKE_MIN_GAP_SECONDS", 1.0),
+            reconcile_freshness_seconds=_float("SFTQ_RECONCILE_FRESHNESS_SECONDS", 10.0),
             stream=StreamSettings.from_env(),
         )
 

@@ -162,6 +162,11 @@ FAULTED_JOBS = "SELECT sftq.faulted_jobs()"
 CLEAR_JOB_FAULTS = "SELECT sftq.clear_job_faults(%s::uuid[])"
 # The end of a Retry-After an earlier tick was given (NULL: none running).
 PROVIDER_BACKOFF_UNTIL = "SELECT sftq.provider_backoff_until()"
+# Event-driven admission (sql/procedures/210_wake.sql): what a waker polls (ages of the
+# pending wake and of the last tick, lease free, any job running at the provider), and the
+# tick taking a pending wake just before it admits ({requested_at, requested_by, waited_ms}).
+ADMISSION_WAKE_STATE = "SELECT * FROM sftq.admission_wake_state()"
+ADMISSION_WAKE_TAKE = "SELECT sftq.admission_wake_take()"
 # What the provider says of one PROGRESS job: state, message, status code, progress, cost.
 OBSERVE_PROVIDER_JOB = "SELECT sftq.observe_provider_job(%s, %s::jsonb)"
 # Two quota readings around a tick's creates: mark our jobs the provider's usage now counts.

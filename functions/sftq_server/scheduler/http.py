@@ -48,13 +48,34 @@ from sftq_server.core.tick_secret import (  # noqa: F401 (the tick's names, as b
 if TYPE_CHECKING:
     from sftq_server.db import Database
     from sftq_server.provider import FireworksClient
+    from sftq_server.scheduler.wake import Pass
 
 logger = logging.getLogger(__name__)
 
-_REASONS = {200: "OK", 401: "Unauthorized", 405: "Method Not Allowed", 500: "Internal Server Error",
-            503: "Service Unavailable"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 405: "Method Not Allowed",
+            500: "Internal Server Error", 503: "Service Unavailable"}
 
 Answer = tuple[int, dict[str, str], bytes]
+# The body says which pass to run; it is a few bytes, and nothing else is read.
+MAX_BODY_BYTES = 4096
+
+
+def _pass(body: bytes) -> Pass | None:
+    """The pass a POST asks for: {} (or no body) a tick, {"wake": true} a woken tick,
+    {"pass": "reconcile"} a reconcile pass; None for anything else."""
+    if not body.strip():
+        return "tick"
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    if data.get("wake") is True and set(data) == {"wake"}:
+        return "wake"
+    if set(data) == {"pass"} and data["pass"] in ("tick", "wake", "reconcile"):
+        return data["pass"]  # type: ignore[no-any-return]
+    return "tick" if not data else None
 
 def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Answer:
     return status, {"Content-Type": "application/json", **(headers or {})}, \
@@ -115,7 +136,7 @@ class TickApp:
 
     # -- the endpoint -----------------------------------------------------------------
 
-    def handle(self, method: str, authorization: str | None) -> Answer:
+    def handle(self, method: str, authorization: str | None, body: bytes = b"") -> Answer:
         if method.upper() != "POST":
             return _error(405, "method_not_allowed", "use POST", {"Allow": "POST"})
         secret = self.settings.tick_secret
@@ -138,10 +159,19 @@ class TickApp:
             # Missing FIREWORKS_API_KEY or account: a deployment mistake, not a tick failure.
             return _error(503, "not_configured", f"provider not configured: {exc}")
 
+        pass_ = _pass(body)
+        if pass_ is None:
+            return _error(400, "bad_request",
+                          'the body is {} (a tick), {"wake": true} or {"pass": "reconcile"}')
+
         from sftq_server.scheduler.tick import run_tick
 
         try:
-            result = run_tick(self._database(), provider, self.settings)
+            if pass_ != "tick":
+                skip = self._early_pass_refusal(pass_)
+                if skip is not None:
+                    return _json(200, {"status": "skipped", "pass": pass_, "reason": skip})
+            result = run_tick(self._database(), provider, self.settings, pass_=pass_)
         except SftqError as exc:
             # Raised only before the lease is taken: the database is not reachable.
             headers = dict(exc.headers)
@@ -154,9 +184,41 @@ class TickApp:
             return _error(500, "internal", "the tick failed unexpectedly; see the function log")
         return _json(200, result)
 
+    def _early_pass_refusal(self, pass_: Pass) -> str | None:
+        """Why a woken tick or a reconcile pass is not run now (None: run it). A woken tick
+        first waits out the rest of the gap since the last tick (WakePlan)."""
+        from sftq_server.scheduler.wake import WakePlan, WakeState
+
+        plan = WakePlan.from_settings(self.settings)
+        state = WakeState.read(self._database())
+        if pass_ == "wake":
+            if not plan.event_admission:
+                return ("event admission is off (SFTQ_EVENT_ADMISSION=off): admission runs at "
+                        "the periodic tick")
+            if state.wake_age is None:
+                return "no wake pending: a tick has taken it already"
+            wait = plan.wait_before_woken_tick(state)
+            if wait is None:
+                return (f"woken ticks are {plan.gap:g} s apart at this FIREWORKS_RPM: the "
+                        "periodic tick admits")
+            if wait > 0:
+                time.sleep(wait)
+            return None
+        if plan.reconcile_every == float("inf"):
+            return "reconcile passes are off (SFTQ_RECONCILE_FRESHNESS_SECONDS=0)"
+        if state.last_tick_age is not None and state.last_tick_age < plan.reconcile_every:
+            return (f"the last tick is {state.last_tick_age:.1f} s old: passes come every "
+                    f"{plan.reconcile_every:g} s at most (freshness within the request budget)")
+        return None
+
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        try:
+            length = min(int(environ.get("CONTENT_LENGTH") or 0), MAX_BODY_BYTES)
+        except ValueError:
+            length = 0
+        body = environ["wsgi.input"].read(length) if length > 0 else b""
         status, headers, body = self.handle(str(environ.get("REQUEST_METHOD", "GET")),
-                                            environ.get("HTTP_AUTHORIZATION"))
+                                            environ.get("HTTP_AUTHORIZATION"), body)
         start_response(f"{status} {_REASONS.get(status, 'Error')}",
                        [*headers.items(), ("Content-Length", str(len(body)))])
         return [body]

@@ -3,6 +3,15 @@
 The phases live in their own modules (reconcile, cancels, preflight, quota, submit); this
 module only orders them, keeps the lease between them, and turns what happened into the
 tick's answer and its row in sftq.scheduler_ticks (sftq.tick_finish).
+
+Three passes (sftq_server.scheduler.wake says who fires which, and when):
+- "tick", the periodic tick, and "wake", a tick woken by the queue's own events (a submit, a
+  cancel, a job's end): every phase. Just before admitting, either takes the pending wake
+  (sftq.admission_wake_take), so what committed before that is admitted now and what
+  commits later wakes the next tick;
+- "reconcile", between periodic ticks while jobs run: only the running jobs' states from
+  the provider (a listing per kind). When one of them ended, the quota is read and the freed
+  room admitted in the same pass; otherwise the pass stops there, one call per kind spent.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ import contextlib
 import json
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC
 from typing import Any
 
@@ -26,6 +36,7 @@ from sftq_server.scheduler.tick.context import (
     ProviderDown,
     Tick,
     Work,
+    as_dict,
     default_holder,
     logger,
     ms,
@@ -36,6 +47,7 @@ from sftq_server.scheduler.tick.quota import read_quota, reread_quota
 from sftq_server.scheduler.tick.reconcile import reconcile
 from sftq_server.scheduler.tick.run_limits import run_limits
 from sftq_server.scheduler.tick.submit import admit, retry_submissions, submit_admitted
+from sftq_server.scheduler.wake import Pass
 
 # The phases that run before admission, in order; each takes the tick and its work rows.
 # A provider that gave up (ProviderDown) ends the phase, not the tick.
@@ -44,8 +56,9 @@ PHASES = (reconcile, run_limits, finish_cancels, expire_queued, preflight, read_
 
 
 def run_tick(db: Database, provider: FireworksClient, settings: Settings, *,
-             holder: str | None = None) -> dict[str, Any]:
-    """Run one scheduler tick and return what it did as a JSON-able dict.
+             holder: str | None = None, pass_: Pass = "tick") -> dict[str, Any]:
+    """Run one scheduler tick (or a reconcile pass: `pass_`) and return what it did as a
+    JSON-able dict.
 
     {"status": "skipped"} when another tick holds the lease. A database that cannot be
     reached before the lease is taken raises `errors.Unavailable`; any database or provider
@@ -63,8 +76,9 @@ def run_tick(db: Database, provider: FireworksClient, settings: Settings, *,
     tick = Tick(db, provider, settings, Lease(db, int(tick_id), lease_seconds))
     failure: str | None = None
     unexpected: Exception | None = None
+    woken: dict[str, Any] = {}
     try:
-        _phases(tick)
+        _phases(tick, pass_, woken)
     except LeaseLost:
         failure = "lease lost: this tick ran past its lease; stopped early"
     except SftqError as exc:
@@ -74,6 +88,10 @@ def run_tick(db: Database, provider: FireworksClient, settings: Settings, *,
         unexpected = exc
     result = tick.result(int(tick_id), provider.calls_made - calls_before, ms(started), failure)
     result["provider_requests"] = _calls_since(counts_before, provider.call_counts)
+    # Which pass this was, and the wake it took ({} when none was pending or it did not
+    # admit): requested_at, requested_by (submit, cancel, ended...) and waited_ms.
+    result["pass"] = pass_
+    result["wake"] = woken
     _finish(db, tick, result)
     result["duration_ms"] = ms(started)
     logger.info(
@@ -98,7 +116,7 @@ def _calls_since(before: dict[tuple[str, str], int],
             if n > before.get((call, status), 0)]
 
 
-def _phases(tick: Tick) -> None:
+def _phases(tick: Tick, pass_: Pass, woken: dict[str, Any]) -> None:
     rows = tick.db.fetchall(sql.SCHEDULER_WORK)
     work = [Work(*row) for row in rows]
     tick.fault_runs = {uuid.UUID(str(row[0])) for row in tick.db.fetchall(sql.FAULTED_JOBS)}
@@ -109,13 +127,24 @@ def _phases(tick: Tick) -> None:
         tick.backoff_until = until.timestamp()
         tick.trip(f"rate limited: the provider's Retry-After runs until "
                   f"{until.astimezone(UTC).isoformat(timespec='seconds')}")
-    for phase in PHASES:
+    phases: tuple[Callable[[Tick, list[Work]], None], ...] = PHASES
+    if pass_ == "reconcile":
+        tick.lease.keep(force=True)
+        with contextlib.suppress(ProviderDown):
+            reconcile(tick, work)
+        if not tick.done:
+            return  # nothing ended at the provider: no room freed, nothing to admit
+        phases = (read_quota,)
+    for phase in phases:
         tick.lease.keep(force=True)
         # A provider that gave up ends the phase, not the tick: later phases still record
         # what they can, and each checks the breaker before calling out.
         with contextlib.suppress(ProviderDown):
             phase(tick, work)
     tick.lease.keep(force=True)
+    # The wake is taken even when admission cannot run (no quota reading): the periodic
+    # tick retries then, rather than woken ticks one after another.
+    woken.update(as_dict(tick.db.scalar(sql.ADMISSION_WAKE_TAKE)))
     submit_admitted(tick, admit(tick))
     with contextlib.suppress(ProviderDown):
         reread_quota(tick)

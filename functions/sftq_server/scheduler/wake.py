@@ -1,0 +1,115 @@
+"""When to run a tick before the periodic one: woken admission and reconcile passes.
+
+The queue's own events (a submit, a cancel, a job's end) set the wake flag in the database
+at their commit (sql/procedures/210_wake.sql). Whoever fires ticks reads it:
+
+- `sftq ticker` polls `sftq.admission_wake_state()` every POLL_SECONDS (one indexed read of
+  three one-row tables) and fires a woken tick as soon as a wake is pending, the lease is
+  free and the last tick started at least `early_tick_gap` ago. A wake that lands during a
+  tick is still pending when that tick releases the lease, so the next poll fires it.
+- On Supabase the poke (cron/schedule_tick.sql) POSTs `{"wake": true}` after the commit that
+  set the flag, and again when a tick ends with one pending; scheduler-tick waits out the
+  rest of the gap (`WakePlan.wait_before_woken_tick`) before it runs the tick.
+
+Between periodic ticks the ticker also fires a reconcile pass (`{"pass": "reconcile"}`) when
+jobs run at the provider and the last tick is older than `reconcile_interval`: the running
+jobs' states are read, and admission runs in the same pass when one of them ended.
+
+Both rates come from the account's request rate (FIREWORKS_RPM) and the share of it the tick
+may use (TICK_SHARE), so early ticks and passes never spend more of the budget than that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from sftq_server import db as sql
+from sftq_server.core.settings import Settings
+
+if TYPE_CHECKING:
+    from sftq_server.db import Database
+
+# The share of the account's request rate (FIREWORKS_RPM) the tick may spend; the rest is
+# left to jobs-api's pre-flight and to people. An account-wide provider budget that reserves
+# the tick's share in the database replaces this constant when there is one.
+TICK_SHARE = 0.5
+# What a woken tick costs beyond the creates it makes (which the periodic tick would make
+# anyway): the quota read, and a listing page per kind with running jobs (three kinds).
+EARLY_TICK_CALLS = 4
+# What a reconcile pass costs: a listing page per kind with running jobs.
+RECONCILE_CALLS = 3
+# How often `sftq ticker` reads the wake flag.
+POLL_SECONDS = 0.25
+# scheduler-tick waits at most this long before a woken tick; a longer gap (a very low
+# FIREWORKS_RPM) leaves the wake to the periodic tick.
+MAX_WAIT_SECONDS = 10.0
+
+Pass = Literal["tick", "wake", "reconcile"]
+
+
+def _budget_gap(settings: Settings, calls: int) -> float:
+    return calls * 60.0 / (max(1, settings.fireworks_rpm) * TICK_SHARE)
+
+
+def early_tick_gap(settings: Settings) -> float:
+    """Seconds between the starts of a tick and a woken tick after it, at least."""
+    return max(settings.wake_min_gap_seconds, _budget_gap(settings, EARLY_TICK_CALLS))
+
+
+def reconcile_interval(settings: Settings) -> float:
+    """Seconds since the last tick after which a reconcile pass is due (inf: never)."""
+    if settings.reconcile_freshness_seconds <= 0:
+        return math.inf
+    return max(settings.reconcile_freshness_seconds, _budget_gap(settings, RECONCILE_CALLS))
+
+
+@dataclass(frozen=True)
+class WakeState:
+    """One read of sftq.admission_wake_state(): ages on the database's clock."""
+
+    wake_age: float | None
+    last_tick_age: float | None
+    lease_free: bool
+    has_running: bool
+
+    @classmethod
+    def read(cls, db: Database) -> WakeState:
+        row = db.fetchone(sql.ADMISSION_WAKE_STATE)
+        if row is None:  # the function always answers one row
+            return cls(None, None, True, False)
+        return cls(None if row[0] is None else float(row[0]),
+                   None if row[1] is None else float(row[1]), bool(row[2]), bool(row[3]))
+
+
+@dataclass(frozen=True)
+class WakePlan:
+    """What the deployment's settings allow between periodic ticks."""
+
+    event_admission: bool
+    gap: float
+    reconcile_every: float
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WakePlan:
+        return cls(settings.event_admission, early_tick_gap(settings),
+                   reconcile_interval(settings))
+
+    def due(self, state: WakeState) -> Pass | None:
+        """The pass to fire now, if any: a woken tick first, then a reconcile pass."""
+        if not state.lease_free:
+            return None  # a tick runs; what it leaves pending is seen once it ends
+        since = math.inf if state.last_tick_age is None else state.last_tick_age
+        if self.event_admission and state.wake_age is not None and since >= self.gap:
+            return "wake"
+        if state.has_running and since >= self.reconcile_every:
+            return "reconcile"
+        return None
+
+    def wait_before_woken_tick(self, state: WakeState) -> float | None:
+        """scheduler-tick, POSTed a wake: seconds to wait first (None: leave it to the
+        periodic tick, the gap being longer than MAX_WAIT_SECONDS)."""
+        since = math.inf if state.last_tick_age is None else state.last_tick_age
+        wait = max(0.0, self.gap - since)
+        return None if wait > MAX_WAIT_SECONDS else wait
