@@ -84,8 +84,8 @@ class Settings:
     fireworks_account_id: str = ""
     fireworks_quota_id: str = "training-h200-count"
     fireworks_timeout_seconds: float = 10.0
-    # The requests a minute each process sends Fireworks at most (the account's rate is 10
-    # to 6,000; a 429's Retry-After holds every call on top of this).
+    # The account's requests a minute (10 to 6,000): every process's calls share it through
+    # the provider budget in PostgreSQL; a 429's Retry-After holds every call of every process.
     fireworks_rpm: int = 6000
     # How long after a create the provider's usage may still not count the job.
     usage_grace_seconds: float = 300.0
@@ -134,6 +134,13 @@ class Settings:
     preflight_budget_ms: float = 2000.0
     # The tick checks at most this many waiting jobs a tick, the nearest the head first.
     preflight_tick_limit: int = 20
+    # The deployment's one provider budget (docs/operations.md, Provider budget): every
+    # process's Fireworks calls share FIREWORKS_RPM. This fraction of it is the tick's alone
+    # (users' lookups never take it); each user's lookups may take this fraction of the rest;
+    # what a lookup learned is reused by every process for this long.
+    provider_tick_reserve: float = 0.5
+    provider_user_share: float = 0.25
+    provider_lookup_ttl_seconds: float = 60.0
     stream: StreamSettings = field(default_factory=StreamSettings)
 
     @property
@@ -175,6 +182,9 @@ class Settings:
             preflight=_bool("SFTQ_PREFLIGHT", True),
             preflight_budget_ms=_float("SFTQ_PREFLIGHT_BUDGET_MS", 2000.0),
             preflight_tick_limit=_int("SFTQ_PREFLIGHT_TICK_LIMIT", 20),
+            provider_tick_reserve=_float("SFTQ_PROVIDER_TICK_RESERVE", 0.5),
+            provider_user_share=_float("SFTQ_PROVIDER_USER_SHARE", 0.25),
+            provider_lookup_ttl_seconds=_float("SFTQ_PROVIDER_LOOKUP_TTL_SECONDS", 60.0),
             stream=StreamSettings.from_env(),
         )
 

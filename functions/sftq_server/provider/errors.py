@@ -105,6 +105,13 @@ class RateLimited(Transient):
 
 
 
+class BudgetSpent(RateLimited):
+    """Not sent: the deployment's provider budget (FIREWORKS_RPM, shared by every process)
+    has no slot for this caller now: the lookup share or this user's share of it is spent,
+    or the tick's reserve. Never a 429 from the provider (`status` None, no Retry-After), so
+    it holds nobody; pre-flight leaves the check to the tick."""
+
+
 def _rpc_name(code: object) -> str | None:
     """A google.rpc code as its name, from a name or a number (both are seen in JSON)."""
     if isinstance(code, bool):
