@@ -361,7 +361,7 @@ class JobsApi:
         # or not in the request budget; "skipped": the shape check already found a definite
         # error, and a payload Fireworks would refuse is not worth the account's requests.
         checked = "unavailable"
-        if errors:
+        if errors and self.can_ask_provider():
             checked = "skipped"
         elif self.can_ask_provider():
             found = self._ask_provider(req, source=lookup_source(request, "validate"),
