@@ -26,7 +26,7 @@ from sftq_server.provider.errors import (
     RateLimited,
     Rejected,
     Transient,
-    _reason,
+    http_reason,
     parse_error_code,
     parse_error_message,
     parse_retry_after,
@@ -35,10 +35,10 @@ from sftq_server.provider.models import ProviderJob, Quota
 from sftq_server.provider.names import (
     ID_PARAM,
     KIND_COLLECTION,
-    _check_id,
-    _check_kind,
-    _resource_match,
+    check_id,
+    check_kind,
     full_resource_name,
+    resource_match,
     segment,
 )
 
@@ -195,8 +195,8 @@ class FireworksClient:
         `gpu_count` travels as X-Sftq-Gpu-Count: the simulator sizes the job by it, and
         Fireworks ignores headers it does not know.
         """
-        collection = _check_kind(kind)
-        _check_id(job_id)
+        collection = check_kind(kind)
+        check_id(job_id)
         headers = {"X-Sftq-Gpu-Count": str(int(gpu_count))} if gpu_count is not None else None
         data = self._request(
             "POST",
@@ -210,14 +210,14 @@ class FireworksClient:
         return ProviderJob.from_resource(kind, data, job_id)
 
     def get_job(self, kind: str, job_id: str) -> ProviderJob:
-        collection = _check_kind(kind)
-        path = f"{self._account_path}/{collection}/{segment(_check_id(job_id))}"
+        collection = check_kind(kind)
+        path = f"{self._account_path}/{collection}/{segment(check_id(job_id))}"
         data = self._request("GET", path, call="get_job")
         return ProviderJob.from_resource(kind, data, job_id)
 
     def list_jobs(self, kind: str, *, page_size: int = 200) -> Iterator[ProviderJob]:
         """Every job of one kind, following nextPageToken (pages are fetched lazily)."""
-        collection = _check_kind(kind)
+        collection = check_kind(kind)
         if not 1 <= page_size <= 200:
             raise ValueError("page_size must be between 1 and 200")
         token: str | None = None
@@ -245,20 +245,20 @@ class FireworksClient:
 
     def delete_job(self, kind: str, job_id: str) -> None:
         """DELETE an SFT or DPO job (Fireworks removes the resource; a later GET is 404)."""
-        collection = _check_kind(kind)
+        collection = check_kind(kind)
         if kind == "RFT":
             raise ValueError("RFT jobs are stopped with cancel_job, not deleted")
-        self._request("DELETE", f"{self._account_path}/{collection}/{segment(_check_id(job_id))}",
+        self._request("DELETE", f"{self._account_path}/{collection}/{segment(check_id(job_id))}",
                       call="delete_job")
 
     def cancel_job(self, kind: str, job_id: str) -> None:
         """POST :cancel to an RFT job (the resource stays, in JOB_STATE_CANCELLED)."""
-        collection = _check_kind(kind)
+        collection = check_kind(kind)
         if kind != "RFT":
             raise ValueError("only RFT jobs have :cancel here; SFT and DPO are deleted")
         self._request(
             "POST",
-            f"{self._account_path}/{collection}/{segment(_check_id(job_id))}:cancel",
+            f"{self._account_path}/{collection}/{segment(check_id(job_id))}:cancel",
             call="cancel_job",
             json_body={},
         )
@@ -290,7 +290,7 @@ class FireworksClient:
         """GET one dataset, model or evaluator by its full name (any account's: the public
         models live under accounts/fireworks). `NotFound` when it does not exist. The name
         is matched whole and each of its segments percent-encoded into the path."""
-        match = _resource_match(name)
+        match = resource_match(name)
         if not match:
             raise ValueError(f"not a dataset, model or evaluator name: {name!r}")
         account, collection, rid = match.groups()
@@ -527,7 +527,7 @@ class FireworksClient:
         self, what: str, op: str, status: int, body: str, retry_after: str | None
     ) -> ProviderError:
         parsed = parse_error_message(body)
-        detail = parsed if parsed is not None else (body[:200] or _reason(status))
+        detail = parsed if parsed is not None else (body[:200] or http_reason(status))
         message = f"{what}: HTTP {status}: {detail}"
         if status in (408, 429) or 500 <= status <= 599:
             return (RateLimited if status == 429 else Transient)(

@@ -112,7 +112,7 @@ class BudgetSpent(RateLimited):
     it holds nobody; pre-flight leaves the check to the tick."""
 
 
-def _rpc_name(code: object) -> str | None:
+def rpc_name(code: object) -> str | None:
     """A google.rpc code as its name, from a name or a number (both are seen in JSON)."""
     if isinstance(code, bool):
         return None
@@ -160,7 +160,7 @@ def parse_error_code(text: str) -> str | None:
     error = data.get("error")
     for holder in (error if isinstance(error, dict) else {}, data):
         for key in ("status", "code"):
-            name = _rpc_name(holder.get(key))
+            name = rpc_name(holder.get(key))
             if name is not None and name in _RPC_NAMES.values():
                 return name
     return None
@@ -190,7 +190,7 @@ def parse_error_message(text: str) -> str | None:
 
 
 
-def _reason(status: int) -> str:
+def http_reason(status: int) -> str:
     try:
         return HTTPStatus(status).phrase
     except ValueError:

@@ -31,7 +31,7 @@ PUBLIC_ACCOUNT = "fireworks"
 MAX_RESOURCE_NAME = 200
 
 
-def _resource_match(name: str) -> re.Match[str] | None:
+def resource_match(name: str) -> re.Match[str] | None:
     """A full dataset, model or evaluator name, matched whole (no '..': it goes into a URL
     path, and no control character, '%', '?', '#' or non-ASCII letter can match)."""
     if not isinstance(name, str) or ".." in name:
@@ -46,7 +46,7 @@ def full_resource_name(collection: str, ref: object, account_id: str) -> str | N
         return None
     if "/" not in ref and RESOURCE_ID_RE.fullmatch(ref):
         ref = f"accounts/{account_id}/{collection}/{ref}"
-    match = _resource_match(ref)
+    match = resource_match(ref)
     return ref if match and match.group(2) == collection else None
 
 
@@ -64,7 +64,7 @@ def resource_name_problem(collection: str, ref: object) -> str | None:
         return f"is {len(ref)} characters long, more than {MAX_RESOURCE_NAME}: {rule}"
     if full_resource_name(collection, ref, "a") is not None:
         return None
-    match = _resource_match(ref)
+    match = resource_match(ref)
     if match is not None:
         return f"names a {match.group(2).removesuffix('s')}, not a {what}: {rule}"
     return f"{ref!r} is not a valid {what} name: {rule}"
@@ -72,7 +72,7 @@ def resource_name_problem(collection: str, ref: object) -> str | None:
 
 def resource_account(name: str) -> str | None:
     """The account of a full resource name (None when it is not one)."""
-    match = _resource_match(name)
+    match = resource_match(name)
     return match.group(1) if match else None
 
 
@@ -98,14 +98,14 @@ def provider_job_id(job_id: uuid.UUID | str) -> str:
     return "sftq-" + parsed.hex
 
 
-def _check_kind(kind: str) -> str:
+def check_kind(kind: str) -> str:
     try:
         return KIND_COLLECTION[kind]
     except KeyError:
         raise ValueError(f"unknown job kind {kind!r}; expected one of SFT, DPO, RFT") from None
 
 
-def _check_id(job_id: str) -> str:
+def check_id(job_id: str) -> str:
     if not isinstance(job_id, str) or not _ID_RE.fullmatch(job_id):
         raise ValueError(f"invalid Fireworks resource id {job_id!r}")
     return job_id
