@@ -384,3 +384,23 @@ def test_metrics_count_every_call_with_its_source(serve: Any, key: str, db_url: 
     assert counts[("preflight", "estimate_cost", "200")] == 1
     assert counts[("tick", "get_quota", "200")] >= 1
     assert sum(counts.values()) == len(sim.simulator.requests())
+
+
+def test_mcp_lookups_count_as_source_mcp(serve: Any, key: str, sim: SimulatorServer) -> None:
+    """The MCP endpoint reaches pre-flight through jobs-api in-process: its lookups draw on
+    the same budget (the caller's share) and are counted as source mcp."""
+    pytest.importorskip("mcp")
+    base = serve()
+    mcp_url = base.removesuffix("/jobs-api") + "/mcp"
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "submit_job",
+                       "arguments": {"kind": "SFT", "fireworks_payload": SFT}}}
+    answer = httpx.post(mcp_url, json=call, timeout=30, headers={
+        "Accept": "application/json, text/event-stream", "Authorization": f"Bearer {key}"})
+    assert answer.status_code == 200, answer.text
+    assert '"isError":true' not in answer.text, answer.text
+    counts = _provider_requests(base)
+    assert counts[("mcp", "get_dataset", "200")] == 1
+    assert counts[("mcp", "get_model", "200")] == 1
+    assert not [k for k in counts if k[0] == "preflight"], counts
+    assert sum(counts.values()) == len(sim.simulator.requests())
