@@ -97,9 +97,12 @@ class DbBudget:
                 self.source, call, self.user, int(s.fireworks_rpm),
                 float(s.provider_tick_reserve), float(s.provider_user_share),
                 counts, lookups, WINDOW_SECONDS))
-        except Exception as exc:  # noqa: BLE001 - no budget answer: no call (safe for the rate)
+        except Exception as exc:
             self._restore(counts, lookups)
-            logger.warning("provider budget unavailable (%s): the call is not sent", exc)
+            if self.source in ("tick", "cancel"):
+                raise  # the client paces the scheduler's calls itself (FireworksClient._take)
+            # A user's lookup without a budget answer is not sent: the tick checks it later.
+            logger.warning("provider budget unavailable (%s): the lookup is not sent", exc)
             return Grant(ok=False, wait=0.0, why="the provider budget could not be read")
         answer: dict[str, Any] = json.loads(raw) if isinstance(raw, str) else dict(raw or {})
         if answer.get("ok"):

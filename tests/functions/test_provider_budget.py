@@ -404,3 +404,44 @@ def test_mcp_lookups_count_as_source_mcp(serve: Any, key: str, sim: SimulatorSer
     assert counts[("mcp", "get_model", "200")] == 1
     assert not [k for k in counts if k[0] == "preflight"], counts
     assert sum(counts.values()) == len(sim.simulator.requests())
+
+
+class _BrokenBudget:
+    source = "tick"
+    max_wait = 2.0
+
+    def take(self, call: str) -> Any:
+        raise RuntimeError("database gone")
+
+    def done(self, call: str, status: str) -> None:
+        pass
+
+    def hold(self, seconds: float) -> None:
+        pass
+
+
+def test_a_budget_that_cannot_answer_never_stops_the_scheduler(db_url: str) -> None:
+    """The tick's client falls back to pacing itself; a user's lookup is simply not sent."""
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        return httpx.Response(200, json={"name": "q", "value": "8", "maxValue": "8"})
+
+    client = FireworksClient(base_url="http://fw.test", api_key="k", account_id="acct",
+                             transport=httpx.MockTransport(answer), budget=_BrokenBudget())
+    with client:
+        assert client.get_quota().limit == 8
+    assert sent == ["/v1/accounts/acct/quotas/training-h200-count"]
+
+    settings = Settings(database_url="postgresql://nobody@127.0.0.1:1/none", fireworks_rpm=60)
+    db = Database(settings.database_url, max_size=1, timeout=0.5)
+    try:
+        budget = DbBudget(db, settings, "tick")
+        with budget.acting_for("validate", b"u" * 32):
+            grant = budget.take("get_dataset")
+        assert not grant.ok and "could not be read" in grant.why
+        with pytest.raises(Exception):  # noqa: B017 - the client paces the tick itself
+            budget.take("get_quota")
+    finally:
+        db.close()

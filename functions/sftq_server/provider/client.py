@@ -359,10 +359,18 @@ class FireworksClient:
         with self._pace_lock:
             local = self._quiet_until - time.monotonic()
         if local > 0:
+            self._budget_done(call, "not_sent")
             return local
         deadline = time.monotonic() + max(0.0, budget.max_wait)
         while True:
-            grant = budget.take(call)
+            try:
+                grant = budget.take(call)
+            except Exception as exc:  # noqa: BLE001 - the budget itself failed
+                # A budget that cannot answer must not stop the scheduler: it paces itself to
+                # FIREWORKS_RPM as it did before there was one (a lookup's budget answers
+                # "no" instead, and the lookup is left to the scheduler).
+                logger.warning("provider budget failed (%s): pacing locally", exc)
+                return self._pace()
             if grant.ok:
                 return None
             if grant.hold > 0:
