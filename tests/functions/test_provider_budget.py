@@ -445,3 +445,27 @@ def test_a_budget_that_cannot_answer_never_stops_the_scheduler(db_url: str) -> N
             budget.take("get_quota")
     finally:
         db.close()
+
+
+@pytest.mark.parametrize("role", ["sftq_api", "sftq_scheduler"])
+def test_both_roles_draw_on_the_budget(db_url: str, role: str) -> None:
+    """jobs-api's role and the scheduler's may call every budget procedure (and nothing
+    else of it: the tables stay closed to them)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(f"SET ROLE {role}")
+        (answer,) = conn.execute(
+            "SELECT sftq.provider_budget_take('validate', 'get_dataset', %s, 60, 0.5, 0.25,"
+            " '[{\"source\": \"validate\", \"call\": \"get_model\", \"status\": \"200\","
+            " \"count\": 1}]', '{\"accounts/a/datasets/d\": [\"ok\", \"READY\"]}')",
+            (b"u" * 32,)).fetchone()
+        assert answer == {"ok": True}
+        (found,) = conn.execute(
+            "SELECT sftq.provider_lookups_get(ARRAY['accounts/a/datasets/d'], 60)").fetchone()
+        assert found == {"accounts/a/datasets/d": ["ok", "READY"]}
+        conn.execute("SELECT sftq.provider_budget_flush(NULL, NULL)")
+        (until,) = conn.execute("SELECT sftq.provider_budget_hold(30)").fetchone()
+        assert until is not None
+        if role == "sftq_scheduler":
+            assert conn.execute("SELECT sftq.provider_backoff_until()").fetchone()[0] == until
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT * FROM sftq.provider_budget_use")
