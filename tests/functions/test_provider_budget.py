@@ -469,3 +469,17 @@ def test_both_roles_draw_on_the_budget(db_url: str, role: str) -> None:
             assert conn.execute("SELECT sftq.provider_backoff_until()").fetchone()[0] == until
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT * FROM sftq.provider_budget_use")
+
+
+def test_a_cancels_stop_is_counted_as_source_cancel(serve: Any, key: str, db_url: str,
+                                                    sim: SimulatorServer) -> None:
+    base = serve()
+    job = post(base, key, {"kind": "SFT", "fireworks_payload": SFT, "validate": "off"}).json()
+    tick(db_url, sim)
+    assert sql(db_url, "SELECT state FROM sftq.jobs WHERE id = %s", job["id"]) == [("PROGRESS",)]
+    answer = httpx.delete(f"{base}/jobs/{job['id']}", headers={"Authorization": f"Bearer {key}"},
+                          timeout=10)
+    assert answer.status_code in (200, 202), answer.text
+    counts = _provider_requests(base)
+    assert counts[("cancel", "delete_job", "200")] == 1, counts
+    assert sum(counts.values()) == len(sim.simulator.requests())

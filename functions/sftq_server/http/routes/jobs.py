@@ -459,6 +459,7 @@ class JobsApi:
         return Response(202, pending.encode(), list(JSON_HEADERS))
 
     def _stop_at_provider(self, kind: str, provider_id: str, job_id: str) -> bool:
+        provider: Any = None
         try:
             provider = self._get_provider()
             provider.stop_job(kind, provider_id)
@@ -467,6 +468,15 @@ class JobsApi:
             logger.warning("cancel %s: provider stop failed (%s): %s",
                            job_id, type(exc).__name__, exc)
             return False
+        finally:
+            # The stop's count (sftq_provider_requests_total{source="cancel"}).
+            flush = getattr(getattr(provider, "budget", None), "flush", None)
+            if flush is not None:
+                try:
+                    flush()
+                except Exception as exc:  # noqa: BLE001 - a metric lost, never the cancel
+                    logger.warning("cancel %s: could not record the provider call: %s",
+                                   job_id, exc)
         return True
 
     def _get_provider(self) -> JobStopper:
