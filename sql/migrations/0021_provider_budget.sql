@@ -25,7 +25,7 @@ CREATE TABLE sftq.provider_budget_use (
     PRIMARY KEY (second, class, user_key)
 );
 COMMENT ON TABLE sftq.provider_budget_use IS
-    'Provider calls granted, per Unix second, class (tick: the scheduler''s and cancels; lookup: pre-flight, validate, MCP) and user (the API key''s hash for lookups, empty for the tick). Rows older than the window are deleted by the takes.';
+    'Provider calls granted, per Unix second, class (tick: the scheduler''s and cancels; lookup: pre-flight, validate, MCP) and user (for lookups the user''s id as 8 bytes, int8send, whichever of their keys called; empty for the tick). Rows older than the window are deleted by the takes.';
 
 -- What a lookup learned of a dataset, model or evaluator, for every process.
 CREATE TABLE sftq.provider_lookups (

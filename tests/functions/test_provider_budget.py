@@ -276,7 +276,7 @@ def test_a_validate_loop_leaves_the_tick_its_reserve(serve: Any, db: Db, db_url:
     assert len(sim.simulator.requests()) <= 60
 
 
-def test_each_user_gets_only_a_share_of_the_lookups(serve: Any, db: Db,
+def test_each_user_gets_only_a_share_of_the_lookups(serve: Any, db: Db, db_url: str,
                                                     sim: SimulatorServer) -> None:
     base = serve(fireworks_rpm=60)  # lookups: 30 a minute; each user 25% of them: 7
     alice, bob = db.user("alice"), db.user("bob")
@@ -294,6 +294,10 @@ def test_each_user_gets_only_a_share_of_the_lookups(serve: Any, db: Db,
     assert validates(alice, 10, "a") <= 4
     alice_calls = len(sim.simulator.requests())
     assert alice_calls <= 7
+    # A second key of hers is the same user, with the same share (already spent).
+    (second_key,) = sql(db_url, "SELECT key FROM sftq.issue_key('alice')")[0]
+    assert validates(second_key, 2, "c") == 0
+    assert len(sim.simulator.requests()) == alice_calls
     # Alice's loop spent her share only: Bob's lookups still go.
     assert validates(bob, 2, "b") == 2
 
