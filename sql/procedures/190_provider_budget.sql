@@ -84,6 +84,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'SQ400', MESSAGE = 'window must be at least 1 second';
     END IF;
     v_from := v_sec - p_window_seconds - 1;
+    -- A user's share is the user's, however many keys they hold: the key's hash stands for
+    -- its user (a hash no key has stays itself).
+    IF v_class = 'lookup' AND v_user <> '\x'::bytea THEN
+        SELECT coalesce((SELECT int8send(k.user_id) FROM sftq.api_keys k
+                          WHERE k.key_hash = v_user), v_user)
+          INTO v_user;
+    END IF;
     PERFORM sftq._provider_budget_record(p_counts, p_lookups, p_now);
 
     -- Every take of every process queues here, for the few microseconds of its count.
