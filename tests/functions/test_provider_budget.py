@@ -254,7 +254,9 @@ def test_a_validate_loop_leaves_the_tick_its_reserve(serve: Any, db: Db, db_url:
             skipped += 1
             assert any(w["message"].startswith("pre-flight lookups skipped: the provider budget")
                        for w in body["warnings"]), body
-        assert answer.elapsed.total_seconds() < 1.5  # never waits for a slot
+        # Never waits for a slot (one would free only when the window's oldest second
+        # leaves it, tens of seconds away); the bound leaves room for a busy machine.
+        assert answer.elapsed.total_seconds() < 3.0
     assert skipped >= 30
     # POST /jobs past the share: accepted at once, with the warning, checked by the tick.
     late = post(base, alice, {"kind": "SFT", "fireworks_payload": SFT | {
