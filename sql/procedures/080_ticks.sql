@@ -129,17 +129,4 @@ $$;
 COMMENT ON FUNCTION sftq.provider_health() IS
     'provider_auth_failed when the newest tick that talked to the provider found our credentials refused (401/403 on the account''s quota), ok when it found them accepted, NULL before any such tick. Reads only.';
 
-CREATE OR REPLACE FUNCTION sftq.provider_backoff_until(p_now timestamptz DEFAULT now())
-RETURNS timestamptz
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    -- The last few finished ticks are enough: each one that meets a 429 records its
-    -- Retry-After, and one that starts inside it records the same end again.
-    SELECT max((t.detail ->> 'provider_backoff_until')::timestamptz)
-      FROM (SELECT detail FROM sftq.scheduler_ticks
-             WHERE finished_at IS NOT NULL ORDER BY id DESC LIMIT 5) t
-    HAVING max((t.detail ->> 'provider_backoff_until')::timestamptz) > p_now
-$$;
-COMMENT ON FUNCTION sftq.provider_backoff_until(timestamptz) IS
-    'When the provider''s last Retry-After (a 429 a recent tick met) ends, NULL when none is running: until then a tick makes no provider call. Reads only.';
+-- sftq.provider_backoff_until: in 190_provider_budget.sql (the one hold every process shares).

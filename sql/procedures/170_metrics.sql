@@ -175,10 +175,11 @@ AS $$
 DECLARE
     v_seconds  float8 := extract(epoch FROM NEW.finished_at - NEW.started_at)::float8;
 BEGIN
-    -- The tick's provider calls, as run_tick counted them: [{call, status, count}, ...].
+    -- The tick's provider calls, as run_tick counted them: [{call, status, count}, ...]
+    -- (the other sources' calls come through sftq.provider_budget_take).
     INSERT INTO sftq.metric_counts (name, labels, value)
     SELECT 'provider_requests_total',
-           jsonb_build_object('call', r ->> 'call', 'status', r ->> 'status'),
+           jsonb_build_object('source', 'tick', 'call', r ->> 'call', 'status', r ->> 'status'),
            (r ->> 'count')::float8
       FROM jsonb_array_elements(CASE WHEN jsonb_typeof(NEW.detail -> 'provider_requests') = 'array'
                                      THEN NEW.detail -> 'provider_requests' ELSE '[]' END) r
@@ -193,7 +194,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sftq._metrics_tick_finished() IS
-    'AFTER UPDATE trigger on scheduler_ticks, when a tick records its end (sftq.tick_finish): counts its provider calls by call and status and its duration, then folds the counts (sftq.metrics_fold).';
+    'AFTER UPDATE trigger on scheduler_ticks, when a tick records its end (sftq.tick_finish): counts its provider calls by call and status (source tick) and its duration, then folds the counts (sftq.metrics_fold).';
 
 DROP TRIGGER IF EXISTS scheduler_ticks_metrics ON sftq.scheduler_ticks;
 CREATE TRIGGER scheduler_ticks_metrics

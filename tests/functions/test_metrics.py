@@ -199,10 +199,10 @@ def test_every_series_matches_the_database(mapi: Api, db: Db, msettings: Setting
             "SELECT r ->> 'call', r ->> 'status', sum((r ->> 'count')::int)"
             "  FROM sftq.scheduler_ticks t, jsonb_array_elements(t.detail -> 'provider_requests') r"
             " GROUP BY 1, 2"):
-        recorded[(("call", call), ("status", status))] = float(n)
+        recorded[(("call", call), ("source", "tick"), ("status", status))] = float(n)
     assert series(samples, "sftq_provider_requests_total") == recorded
     assert sum(recorded.values()) == len(sim.requests()) == fireworks.calls_made
-    calls = {c for ((_, c), _s) in recorded}
+    calls = {c for ((_, c), _source, _s) in recorded}
     assert calls >= {"get_quota", "create_job"} and calls & {"get_job", "list_jobs"}, calls
 
     assert series(samples, "sftq_webhook_deliveries_total") == {
@@ -271,6 +271,6 @@ def test_refused_credentials_show_as_provider_401s(mapi: Api, db: Db, msettings:
     assert tick["provider_auth_failed"] is True
     samples, _ = scrape(mapi, METRICS_TOKEN)
     requests = series(samples, "sftq_provider_requests_total")
-    assert requests[(("call", "get_quota"), ("status", "401"))] >= 1
+    assert requests[(("call", "get_quota"), ("source", "tick"), ("status", "401"))] >= 1
     assert samples[("sftq_tick_last_success_timestamp_seconds", ())] == 0.0  # never a clean tick
     assert samples[("sftq_admitted_jobs_total", ())] == 0.0

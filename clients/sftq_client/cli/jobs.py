@@ -251,7 +251,9 @@ def _dry_run(args: argparse.Namespace, ctx: Context, kind: str, payload: Any) ->
         verdict = "would be accepted" if result.valid else "would be refused"
         asked = {"done": "; its dataset, evaluator and models checked at Fireworks",
                  "unanswered": "; Fireworks did not answer in time, the scheduler would check "
-                               "its resources while it waits"}.get(result.provider_checks or "", "")
+                               "its resources while it waits",
+                 "skipped": "; Fireworks not asked: fix the errors first"}.get(
+                     result.provider_checks or "", "")
         out(f"{result.kind} job {verdict} (checked against {result.schema_version}{asked}); "
             "nothing was enqueued")
     return EXIT_OK if result.valid else EXIT_REJECTED

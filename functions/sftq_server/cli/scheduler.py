@@ -87,13 +87,16 @@ def _provider(args: argparse.Namespace, settings: Settings, config: Mapping[str,
 
 
 def _open(args: argparse.Namespace) -> tuple[Database, FireworksClient, Settings]:
-    """Settings, provider and database for in-process ticks (ValueError: provider config)."""
+    """Settings, provider and database for in-process ticks (ValueError: provider config).
+    The provider's calls draw on the deployment's one budget, as scheduler-tick's do."""
+    from sftq_server.budget import DbBudget
     from sftq_server.db import Database
 
     settings = _settings(args)
     provider = _provider(args, settings, _config(args))
-    return Database(settings.database_url, max_size=2, timeout=settings.db_timeout_seconds), \
-        provider, settings
+    db = Database(settings.database_url, max_size=2, timeout=settings.db_timeout_seconds)
+    provider.budget = DbBudget(db, settings, "tick")
+    return db, provider, settings
 
 
 def _setup_logging(verbose: bool) -> None:

@@ -104,8 +104,8 @@ class Settings:
     fireworks_account_id: str = ""
     fireworks_quota_id: str = "training-h200-count"
     fireworks_timeout_seconds: float = 10.0
-    # The requests a minute each process sends Fireworks at most (the account's rate is 10
-    # to 6,000; a 429's Retry-After holds every call on top of this).
+    # The account's requests a minute (10 to 6,000): every process's calls share it through
+    # the provider budget in PostgreSQL; a 429's Retry-After holds every call of every process.
     fireworks_rpm: int = 6000
     # How long after a create the provider's usage may still not count the job.
     usage_grace_seconds: float = 300.0
@@ -177,6 +177,13 @@ class Settings:
     # Running jobs' provider state is read at least this often when the request budget
     # allows (a reconcile pass between periodic ticks; 0: only at the periodic tick).
     reconcile_freshness_seconds: float = 10.0
+    # The deployment's one provider budget (docs/operations.md, Provider budget): every
+    # process's Fireworks calls share FIREWORKS_RPM. This fraction of it is the tick's alone
+    # (users' lookups never take it); each user's lookups may take this fraction of the rest;
+    # what a lookup learned is reused by every process for this long.
+    provider_tick_reserve: float = 0.5
+    provider_user_share: float = 0.25
+    provider_lookup_ttl_seconds: float = 60.0
     stream: StreamSettings = field(default_factory=StreamSettings)
 
     @property
@@ -225,6 +232,9 @@ class Settings:
             event_admission=_bool("SFTQ_EVENT_ADMISSION", True),
             wake_min_gap_seconds=_float("SFTQ_WAKE_MIN_GAP_SECONDS", 1.0),
             reconcile_freshness_seconds=_float("SFTQ_RECONCILE_FRESHNESS_SECONDS", 10.0),
+            provider_tick_reserve=_float("SFTQ_PROVIDER_TICK_RESERVE", 0.5),
+            provider_user_share=_float("SFTQ_PROVIDER_USER_SHARE", 0.25),
+            provider_lookup_ttl_seconds=_float("SFTQ_PROVIDER_LOOKUP_TTL_SECONDS", 60.0),
             stream=StreamSettings.from_env(),
         )
 

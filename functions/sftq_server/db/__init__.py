@@ -227,6 +227,18 @@ SET_USER_DISABLED = "SELECT sftq.set_user_disabled(%s, %s)"
 USER_STATUS = "SELECT running_count, queued_count, disabled_at FROM sftq.users WHERE name = %s"
 
 
+# --- the deployment's provider budget (sql/procedures/190_provider_budget.sql) ---------
+# One call's slot (and what earlier calls answered): {"ok": ...} as JSON text.
+PROVIDER_BUDGET_TAKE = (
+    "SELECT sftq.provider_budget_take(%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s)::text"
+)
+# A 429 with this Retry-After: hold every process's calls.
+PROVIDER_BUDGET_HOLD = "SELECT sftq.provider_budget_hold(%s, %s::jsonb, %s::jsonb)"
+# What a process has not reported with a take yet: call counts and lookups.
+PROVIDER_BUDGET_FLUSH = "SELECT sftq.provider_budget_flush(%s::jsonb, %s::jsonb)"
+# What any process learned of these resources within the TTL: {name: [verdict, detail]}.
+PROVIDER_LOOKUPS_GET = "SELECT sftq.provider_lookups_get(%s::text[], %s)::text"
+
 def connect_kwargs() -> dict[str, Any]:
     """Connection options that work behind a transaction-mode pooler. TCP keepalives make a
     database that vanished without closing the connection show up as an error in seconds

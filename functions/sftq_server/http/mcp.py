@@ -118,6 +118,8 @@ class InProcessTransport(httpx.AsyncBaseTransport):
         body = await request.aread()
         sync_request = httpx.Request(request.method, request.url, headers=request.headers,
                                      content=body, extensions=request.extensions)
+        # Its provider lookups count as source "mcp" (jobs.SOURCE_HEADER; a label only).
+        sync_request.headers["X-Sftq-Source"] = "mcp"
 
         def call() -> tuple[int, httpx.Headers, bytes]:
             response = self._sync.handle_request(sync_request)

@@ -118,7 +118,7 @@ class ValidateResponse(_Body):
     errors: list[PreflightFinding]
     warnings: list[PreflightFinding]
     schema_version: str
-    provider_checks: Literal["done", "unanswered", "unavailable"]
+    provider_checks: Literal["done", "unanswered", "skipped", "unavailable"]
     estimated_cost: dict[str, Any] | None
 
 

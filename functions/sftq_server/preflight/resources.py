@@ -12,32 +12,24 @@ tick while the job waits. Reads only; nothing is ever created here.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from sftq_server.preflight.shape import Finding
+from sftq_server.preflight.shape import REFS, Finding
 from sftq_server.provider import (
+    PUBLIC_ACCOUNT,
     AuthError,
+    BudgetSpent,
     FireworksClient,
     NotFound,
     ProviderError,
     RateLimited,
     Rejected,
+    resource_account,
 )
 
-# Where each kind names its resources: (path in the payload, collection).
-_REFS: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
-    "SFT": ((("dataset",), "datasets"), (("evaluationDataset",), "datasets"),
-            (("baseModel",), "models"), (("warmStartFrom",), "models")),
-    "DPO": ((("dataset",), "datasets"), (("evaluationDataset",), "datasets"),
-            (("trainingConfig", "baseModel"), "models"),
-            (("trainingConfig", "warmStartFrom"), "models")),
-    "RFT": ((("dataset",), "datasets"), (("evaluationDataset",), "datasets"),
-            (("evaluator",), "evaluators"),
-            (("trainingConfig", "baseModel"), "models"),
-            (("trainingConfig", "warmStartFrom"), "models")),
-}
 # A resource's `state` that says it is usable; any other state is reported as a warning.
 _USABLE = {"datasets": {"READY"}, "models": {"READY", "STATE_UNSPECIFIED", ""},
            "evaluators": {"ACTIVE", "STATE_UNSPECIFIED", ""}}
@@ -63,6 +55,8 @@ class ResourceReport:
     failures: list[ProviderError] = field(default_factory=list)
     # The provider asked us to slow down (429): the seconds of its Retry-After, if any.
     rate_limited: RateLimited | None = None
+    # Some lookup was not sent: the deployment's provider budget had no slot for it.
+    budget_spent: bool = False
 
 
 def references(client: FireworksClient, kind: str, payload: dict[str, Any]) -> list[Ref]:
@@ -70,7 +64,7 @@ def references(client: FireworksClient, kind: str, payload: dict[str, Any]) -> l
     value the API could not address is left to the shape check and to Fireworks."""
     refs: list[Ref] = []
     seen: set[str] = set()
-    for keys, collection in _REFS.get(kind, ()):
+    for keys, collection in REFS.get(kind, ()):
         value: Any = payload
         for key in keys:
             value = value.get(key) if isinstance(value, dict) else None
@@ -82,9 +76,28 @@ def references(client: FireworksClient, kind: str, payload: dict[str, Any]) -> l
     return refs
 
 
+def foreign(client: FireworksClient, ref: Ref) -> bool:
+    """A resource of an account other than the queue's own and the public models' one: the
+    queue's key is never used to look it up (its answers would tell other accounts' 404, 403
+    and states apart); Fireworks decides at submission whether the job may use it."""
+    return resource_account(ref.name) not in (client.account_id, PUBLIC_ACCOUNT)
+
+
 # What one GET learned, kept per name for a tick's other jobs: ("missing" | "doubtful" |
 # "ok" | "unanswered", the resource's state or the error's message).
 Outcome = tuple[str, str]
+
+
+@runtime_checkable
+class SharedLookups(Protocol):
+    """Lookups kept across requests and processes (sftq_server.budget.DbBudget): what a GET
+    learned of a resource, for a short while."""
+
+    def cached(self, names: list[str]) -> dict[str, Outcome]: ...
+
+    def remember(self, name: str, outcome: Outcome) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 def check_resources(client: FireworksClient, kind: str, payload: dict[str, Any],
@@ -92,16 +105,57 @@ def check_resources(client: FireworksClient, kind: str, payload: dict[str, Any],
                     cache: dict[str, Outcome] | None = None,
                     estimate: bool = True) -> ResourceReport:
     """Every provider check of one job within `budget_seconds` (each call's timeout is what
-    is left of it). `cache` shares answers between the jobs of one tick; without `estimate`
-    no cost is asked (of a payload Fireworks would refuse anyway)."""
+    is left of it). `cache` shares answers between the jobs of one tick; the client's budget,
+    when it keeps lookups (SharedLookups), shares them between requests and processes.
+    Without `estimate` no cost is asked (of a payload Fireworks would refuse anyway)."""
     report = ResourceReport()
     deadline = time.monotonic() + budget_seconds
-    for ref in references(client, kind, payload):
-        outcome = cache.get(ref.name) if cache is not None else None
+    refs = references(client, kind, payload)
+    mine: list[Ref] = []
+    for ref in refs:
+        if foreign(client, ref):
+            report.warnings.append(Finding(ref.path, (
+                f"{_WHAT[ref.collection]} {ref.name} belongs to another Fireworks account: the "
+                f"queue looks up only its own account's resources and the public ones "
+                f"(accounts/{PUBLIC_ACCOUNT}); Fireworks decides at submission whether the "
+                f"job may use it")))
+        else:
+            mine.append(ref)
+    budget = getattr(client, "budget", None)
+    shared: SharedLookups | None = budget if isinstance(budget, SharedLookups) else None
+    known: dict[str, Outcome] = dict(cache or {})
+    unknown = [ref.name for ref in mine if ref.name not in known]
+    if shared is not None and unknown:
+        # A cache that cannot answer is simply not used.
+        with contextlib.suppress(Exception):
+            known.update(shared.cached(unknown))
+    try:
+        _check(client, kind, payload, gpu_count, mine, known, cache, shared, deadline,
+               estimate, report)
+    finally:
+        if shared is not None:
+            with contextlib.suppress(Exception):  # what is lost is asked again later
+                shared.flush()
+    return report
+
+
+def _check(client: FireworksClient, kind: str, payload: dict[str, Any], gpu_count: int | None,
+           refs: list[Ref], known: dict[str, Outcome], cache: dict[str, Outcome] | None,
+           shared: SharedLookups | None, deadline: float, estimate: bool,
+           report: ResourceReport) -> None:
+    for ref in refs:
+        outcome = known.get(ref.name)
         if outcome is None:
             outcome = _look(client, ref, deadline, report)
-            if cache is not None and outcome[0] != "unanswered":
-                cache[ref.name] = outcome
+            if outcome[0] != "unanswered":
+                if cache is not None:
+                    cache[ref.name] = outcome
+                if shared is not None and outcome[0] != "missing":
+                    # A missing resource is not shared: the user may upload it the next
+                    # moment, and a refusal must rest on a fresh answer.
+                    shared.remember(ref.name, outcome)
+        elif cache is not None:
+            cache[ref.name] = outcome
         verdict, detail = outcome
         what = _WHAT[ref.collection]
         if verdict == "missing":
@@ -114,10 +168,9 @@ def check_resources(client: FireworksClient, kind: str, payload: dict[str, Any],
             report.answered = False
         if report.rate_limited is not None:
             report.answered = False
-            return report
+            return
     if estimate and kind == "SFT" and not report.errors and report.rate_limited is None:
         report.estimated_cost = _estimate(client, payload, gpu_count, deadline, report)
-    return report
 
 
 def _left(deadline: float) -> float | None:
@@ -136,6 +189,12 @@ def _look(client: FireworksClient, ref: Ref, deadline: float, report: ResourceRe
     except AuthError as exc:
         return "doubtful", (f"the queue's Fireworks key may not read it (HTTP {exc.status}); "
                             "the job fails at submission if Fireworks refuses it then")
+    except BudgetSpent as exc:
+        # Not sent (the lookup share or this user's share of FIREWORKS_RPM is spent): no
+        # failure of the provider's, and the tick checks the job later.
+        report.rate_limited = exc
+        report.budget_spent = True
+        return "unanswered", str(exc)
     except RateLimited as exc:
         report.rate_limited = exc
         report.failures.append(exc)
@@ -163,6 +222,9 @@ def _estimate(client: FireworksClient, payload: dict[str, Any], gpu_count: int |
     try:
         return client.estimate_cost("SFT", payload, gpu_count=gpu_count,
                                     timeout=min(timeout, client.timeout))
+    except BudgetSpent as exc:
+        report.rate_limited = exc
+        report.budget_spent = True
     except RateLimited as exc:
         report.rate_limited = exc
         report.failures.append(exc)

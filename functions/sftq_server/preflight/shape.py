@@ -15,10 +15,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sftq_server.preflight.schema import schema_version, schemas
+from sftq_server.provider.names import resource_name_problem
 
 _PYTHON_TYPES: dict[str, str] = {"str": "a string", "int": "an integer", "float": "a number",
                                  "bool": "a boolean", "list": "an array", "dict": "an object",
                                  "NoneType": "null"}
+# Where each kind names its resources: (path in the payload, collection). The names are
+# checked here (a definite error: no valid name, no URL), looked up in `resources`.
+REFS: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
+    "SFT": ((("dataset",), "datasets"), (("evaluationDataset",), "datasets"),
+            (("baseModel",), "models"), (("warmStartFrom",), "models")),
+    "DPO": ((("dataset",), "datasets"), (("evaluationDataset",), "datasets"),
+            (("trainingConfig", "baseModel"), "models"),
+            (("trainingConfig", "warmStartFrom"), "models")),
+    "RFT": ((("dataset",), "datasets"), (("evaluationDataset",), "datasets"),
+            (("evaluator",), "evaluators"),
+            (("trainingConfig", "baseModel"), "models"),
+            (("trainingConfig", "warmStartFrom"), "models")),
+}
 _WANTED = {"string": "a string", "integer": "an integer", "number": "a number",
            "boolean": "true or false", "array": "an array", "object": "an object"}
 
@@ -48,7 +62,22 @@ def check_shape(kind: str, payload: dict[str, Any]) -> ShapeReport:
     root = schemas()[kind]
     _object(report, kind, root, payload, "fireworks_payload")
     _rules(report, kind, payload)
+    _names(report, kind, payload)
     return report
+
+
+def _names(report: ShapeReport, kind: str, payload: dict[str, Any]) -> None:
+    """Each dataset, model and evaluator reference must be a valid resource name: one that
+    is not (a control character, a '%', '/', '?', '#', '..', a non-ASCII letter, too long)
+    could never name a resource, and must never reach a URL."""
+    for keys, collection in REFS.get(kind, ()):
+        value: Any = payload
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        problem = resource_name_problem(collection, value)
+        if problem is not None:
+            path = "fireworks_payload." + ".".join(keys)
+            report.errors.append(Finding(path, f"{path} {problem}"))
 
 
 def _is(value: Any, wanted: str) -> bool:

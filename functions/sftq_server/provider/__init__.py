@@ -10,12 +10,14 @@ base URL differs.
 
 The package is split by concept: `names` (collections, ids, resource names), `states` (job
 states and their mapping), `errors` (the failure classes and error-body parsing), `models`
-(ProviderJob, Quota) and `client` (FireworksClient). Everything is re-exported here, so
+(ProviderJob, Quota), `budget` (the hook through which every call asks the deployment's one
+request budget for a slot) and `client` (FireworksClient). Everything is re-exported here, so
 `from sftq_server.provider import X` is the one import callers use.
 """
 
 from __future__ import annotations
 
+from sftq_server.provider.budget import SOURCES, CallBudget, Grant
 from sftq_server.provider.client import (
     DEFAULT_BASE_URL,
     DEFAULT_QUOTA_ID,
@@ -28,6 +30,7 @@ from sftq_server.provider.client import (
 from sftq_server.provider.errors import (
     AlreadyExists,
     AuthError,
+    BudgetSpent,
     NotFound,
     ProviderError,
     RateLimited,
@@ -38,7 +41,17 @@ from sftq_server.provider.errors import (
     parse_retry_after,
 )
 from sftq_server.provider.models import ProviderJob, Quota
-from sftq_server.provider.names import ID_PARAM, KIND_COLLECTION, RESOURCE_RE, provider_job_id
+from sftq_server.provider.names import (
+    ID_PARAM,
+    KIND_COLLECTION,
+    PUBLIC_ACCOUNT,
+    RESOURCE_RE,
+    full_resource_name,
+    provider_job_id,
+    resource_account,
+    resource_name_problem,
+    segment,
+)
 from sftq_server.provider.states import (
     ProviderOutcome,
     is_known_state,
@@ -55,10 +68,15 @@ __all__ = [
     "ID_PARAM",
     "KIND_COLLECTION",
     "MAX_RETRY_AFTER_SECONDS",
+    "PUBLIC_ACCOUNT",
     "RESOURCE_RE",
+    "SOURCES",
     "AlreadyExists",
     "AuthError",
+    "BudgetSpent",
+    "CallBudget",
     "FireworksClient",
+    "Grant",
     "NotFound",
     "ProviderError",
     "ProviderJob",
@@ -67,6 +85,7 @@ __all__ = [
     "RateLimited",
     "Rejected",
     "Transient",
+    "full_resource_name",
     "is_known_state",
     "map_provider_state",
     "normalize_state",
@@ -74,4 +93,7 @@ __all__ = [
     "parse_error_message",
     "parse_retry_after",
     "provider_job_id",
+    "resource_account",
+    "resource_name_problem",
+    "segment",
 ]

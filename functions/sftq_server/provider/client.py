@@ -7,7 +7,6 @@ import functools
 import json
 import logging
 import os
-import re
 import ssl
 import threading
 import time
@@ -17,27 +16,30 @@ from typing import Any
 
 import httpx
 
+from sftq_server.provider.budget import CallBudget
 from sftq_server.provider.errors import (
     AlreadyExists,
     AuthError,
+    BudgetSpent,
     NotFound,
     ProviderError,
     RateLimited,
     Rejected,
     Transient,
-    _reason,
+    http_reason,
     parse_error_code,
     parse_error_message,
     parse_retry_after,
 )
 from sftq_server.provider.models import ProviderJob, Quota
 from sftq_server.provider.names import (
-    _RESOURCE_ID,
     ID_PARAM,
     KIND_COLLECTION,
-    _check_id,
-    _check_kind,
-    _resource_match,
+    check_id,
+    check_kind,
+    full_resource_name,
+    resource_match,
+    segment,
 )
 
 logger = logging.getLogger("sftq_server.provider")
@@ -80,6 +82,7 @@ class FireworksClient:
         timeout: float = DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
         rpm: int = DEFAULT_RPM,
+        budget: CallBudget | None = None,
     ) -> None:
         if not api_key:
             raise ValueError("a Fireworks API key is required")
@@ -92,6 +95,9 @@ class FireworksClient:
         if not 1 <= rpm <= 1_000_000:
             raise ValueError("rpm (FIREWORKS_RPM) must be a whole number of requests a minute")
         self.rpm = rpm
+        # The deployment's one budget (sftq_server.budget.DbBudget), when it has one: every
+        # call asks it for a slot, and a 429 holds every process. Without it, local pacing.
+        self.budget = budget
         # Pacing: calls start at least this far apart; a 429's Retry-After holds every call.
         self._interval = 60.0 / rpm
         self._next_send = 0.0
@@ -189,8 +195,8 @@ class FireworksClient:
         `gpu_count` travels as X-Sftq-Gpu-Count: the simulator sizes the job by it, and
         Fireworks ignores headers it does not know.
         """
-        collection = _check_kind(kind)
-        _check_id(job_id)
+        collection = check_kind(kind)
+        check_id(job_id)
         headers = {"X-Sftq-Gpu-Count": str(int(gpu_count))} if gpu_count is not None else None
         data = self._request(
             "POST",
@@ -204,14 +210,14 @@ class FireworksClient:
         return ProviderJob.from_resource(kind, data, job_id)
 
     def get_job(self, kind: str, job_id: str) -> ProviderJob:
-        collection = _check_kind(kind)
-        data = self._request("GET", f"{self._account_path}/{collection}/{_check_id(job_id)}",
-                             call="get_job")
+        collection = check_kind(kind)
+        path = f"{self._account_path}/{collection}/{segment(check_id(job_id))}"
+        data = self._request("GET", path, call="get_job")
         return ProviderJob.from_resource(kind, data, job_id)
 
     def list_jobs(self, kind: str, *, page_size: int = 200) -> Iterator[ProviderJob]:
         """Every job of one kind, following nextPageToken (pages are fetched lazily)."""
-        collection = _check_kind(kind)
+        collection = check_kind(kind)
         if not 1 <= page_size <= 200:
             raise ValueError("page_size must be between 1 and 200")
         token: str | None = None
@@ -239,20 +245,20 @@ class FireworksClient:
 
     def delete_job(self, kind: str, job_id: str) -> None:
         """DELETE an SFT or DPO job (Fireworks removes the resource; a later GET is 404)."""
-        collection = _check_kind(kind)
+        collection = check_kind(kind)
         if kind == "RFT":
             raise ValueError("RFT jobs are stopped with cancel_job, not deleted")
-        self._request("DELETE", f"{self._account_path}/{collection}/{_check_id(job_id)}",
+        self._request("DELETE", f"{self._account_path}/{collection}/{segment(check_id(job_id))}",
                       call="delete_job")
 
     def cancel_job(self, kind: str, job_id: str) -> None:
         """POST :cancel to an RFT job (the resource stays, in JOB_STATE_CANCELLED)."""
-        collection = _check_kind(kind)
+        collection = check_kind(kind)
         if kind != "RFT":
             raise ValueError("only RFT jobs have :cancel here; SFT and DPO are deleted")
         self._request(
             "POST",
-            f"{self._account_path}/{collection}/{_check_id(job_id)}:cancel",
+            f"{self._account_path}/{collection}/{segment(check_id(job_id))}:cancel",
             call="cancel_job",
             json_body={},
         )
@@ -278,21 +284,19 @@ class FireworksClient:
     def resource_name(self, kind: str, ref: str) -> str | None:
         """The full name of a dataset, model or evaluator a payload refers to, or None when
         the reference is not one the API could address. A bare id is this account's."""
-        if not isinstance(ref, str) or not ref:
-            return None
-        if "/" not in ref and re.fullmatch(_RESOURCE_ID, ref):
-            ref = f"accounts/{self.account_id}/{kind}/{ref}"
-        match = _resource_match(ref)
-        return ref if match and match.group(2) == kind else None
+        return full_resource_name(kind, ref, self.account_id)
 
     def get_resource(self, name: str, *, timeout: float | None = None) -> dict[str, Any]:
         """GET one dataset, model or evaluator by its full name (any account's: the public
-        models live under accounts/fireworks). `NotFound` when it does not exist."""
-        match = _resource_match(name)
+        models live under accounts/fireworks). `NotFound` when it does not exist. The name
+        is matched whole and each of its segments percent-encoded into the path."""
+        match = resource_match(name)
         if not match:
             raise ValueError(f"not a dataset, model or evaluator name: {name!r}")
-        call = "get_" + match.group(2).removesuffix("s")
-        return self._request("GET", f"/v1/{name}", call=call, timeout=timeout)
+        account, collection, rid = match.groups()
+        call = "get_" + collection.removesuffix("s")
+        return self._request("GET", f"/v1/accounts/{segment(account)}/{collection}/{segment(rid)}",
+                             call=call, timeout=timeout)
 
     def estimate_cost(self, kind: str, payload: dict[str, Any], *, gpu_count: int | None = None,
                       timeout: float | None = None) -> Any:
@@ -317,7 +321,7 @@ class FireworksClient:
     # -- quota ------------------------------------------------------------------------------
 
     def get_quota(self) -> Quota:
-        data = self._request("GET", f"{self._account_path}/quotas/{self.quota_id}",
+        data = self._request("GET", f"{self._account_path}/quotas/{segment(self.quota_id)}",
                              call="get_quota")
         return Quota.from_resource(data)
 
@@ -344,7 +348,57 @@ class FireworksClient:
 
     @property
     def _account_path(self) -> str:
-        return f"/v1/accounts/{self.account_id}"
+        return f"/v1/accounts/{segment(self.account_id)}"
+
+    def _take(self, call: str, what: str) -> float | None:
+        """The budget's slot for this call (sleeping up to its max_wait for one); None when
+        the call may go, or the seconds a shared 429 hold still runs. Raises BudgetSpent
+        (nothing sent) when the caller's share is spent."""
+        budget = self.budget
+        assert budget is not None
+        with self._pace_lock:
+            local = self._quiet_until - time.monotonic()
+        if local > 0:
+            self._budget_done(call, "not_sent")
+            return local
+        deadline = time.monotonic() + max(0.0, budget.max_wait)
+        while True:
+            try:
+                grant = budget.take(call)
+            except Exception as exc:  # noqa: BLE001 - the budget itself failed
+                # A budget that cannot answer must not stop the scheduler: it paces itself to
+                # FIREWORKS_RPM as it did before there was one (a lookup's budget answers
+                # "no" instead, and the lookup is left to the scheduler).
+                logger.warning("provider budget failed (%s): pacing locally", exc)
+                return self._pace()
+            if grant.ok:
+                return None
+            if grant.hold > 0:
+                self._hold(grant.hold)
+                return grant.hold
+            left = deadline - time.monotonic()
+            if grant.wait <= 0 or grant.wait > left:
+                self._count(call, "over_budget")
+                raise BudgetSpent(
+                    f"{what}: not sent: the deployment's provider budget is spent for now "
+                    f"({grant.why or 'FIREWORKS_RPM'}; a slot frees in about "
+                    f"{max(grant.wait, 0.0):.0f} s)")
+            time.sleep(grant.wait)
+
+    def _share_hold(self, retry_after: float | None) -> None:
+        seconds = DEFAULT_RATE_LIMIT_SECONDS if retry_after is None else retry_after
+        try:
+            assert self.budget is not None
+            self.budget.hold(min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS))
+        except Exception as exc:  # noqa: BLE001 - the local hold still holds this process
+            logger.warning("could not share the provider's 429 hold: %s", exc)
+
+    def _budget_done(self, call: str, label: str) -> None:
+        try:
+            assert self.budget is not None
+            self.budget.done(call, label)
+        except Exception as exc:  # noqa: BLE001 - a metric lost, never a call
+            logger.warning("could not record a provider call: %s", exc)
 
     def _pace(self) -> float | None:
         """Wait for this call's turn under FIREWORKS_RPM; None when it may go, or the seconds
@@ -391,7 +445,7 @@ class FireworksClient:
         timeout: float | None = None,
     ) -> dict[str, Any]:
         what = f"{method} {path}"
-        wait = self._pace()
+        wait = self._pace() if self.budget is None else self._take(call, what)
         if wait is not None:
             # Not sent: the provider asked us to hold off (Retry-After), and this call comes
             # before that time. Counted as "not_sent", never as a provider call.
@@ -412,6 +466,8 @@ class FireworksClient:
             if isinstance(exc, RateLimited) and exc.status == 429 and (
                     exc.retry_after is not None or "quota_exceeded" not in exc.body):
                 self._hold(exc.retry_after)
+                if self.budget is not None:
+                    self._share_hold(exc.retry_after)
             if exc.status is not None:
                 label = str(exc.status)
             elif isinstance(exc.__cause__, httpx.TimeoutException):
@@ -419,6 +475,8 @@ class FireworksClient:
             raise
         finally:
             self._count(call, label)
+            if self.budget is not None:
+                self._budget_done(call, label)
 
     def _count(self, call: str, label: str) -> None:
         with self._count_lock:
@@ -477,7 +535,7 @@ class FireworksClient:
         self, what: str, op: str, status: int, body: str, retry_after: str | None
     ) -> ProviderError:
         parsed = parse_error_message(body)
-        detail = parsed if parsed is not None else (body[:200] or _reason(status))
+        detail = parsed if parsed is not None else (body[:200] or http_reason(status))
         message = f"{what}: HTTP {status}: {detail}"
         if status in (408, 429) or 500 <= status <= 599:
             return (RateLimited if status == 429 else Transient)(

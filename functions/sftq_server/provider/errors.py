@@ -105,7 +105,14 @@ class RateLimited(Transient):
 
 
 
-def _rpc_name(code: object) -> str | None:
+class BudgetSpent(RateLimited):
+    """Not sent: the deployment's provider budget (FIREWORKS_RPM, shared by every process)
+    has no slot for this caller now: the lookup share or this user's share of it is spent,
+    or the tick's reserve. Never a 429 from the provider (`status` None, no Retry-After), so
+    it holds nobody; pre-flight leaves the check to the tick."""
+
+
+def rpc_name(code: object) -> str | None:
     """A google.rpc code as its name, from a name or a number (both are seen in JSON)."""
     if isinstance(code, bool):
         return None
@@ -153,7 +160,7 @@ def parse_error_code(text: str) -> str | None:
     error = data.get("error")
     for holder in (error if isinstance(error, dict) else {}, data):
         for key in ("status", "code"):
-            name = _rpc_name(holder.get(key))
+            name = rpc_name(holder.get(key))
             if name is not None and name in _RPC_NAMES.values():
                 return name
     return None
@@ -183,7 +190,7 @@ def parse_error_message(text: str) -> str | None:
 
 
 
-def _reason(status: int) -> str:
+def http_reason(status: int) -> str:
     try:
         return HTTPStatus(status).phrase
     except ValueError:

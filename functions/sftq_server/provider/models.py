@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sftq_server.provider.errors import ProviderError, _rpc_name
+from sftq_server.provider.errors import ProviderError, rpc_name
 from sftq_server.provider.states import ProviderOutcome, map_provider_state
 
 
@@ -51,7 +51,7 @@ class ProviderJob:
             state=state if isinstance(state, str) else None,
             message=message if isinstance(message, str) and message else None,
             raw=resource,
-            status_code=_rpc_name(code),
+            status_code=rpc_name(code),
             progress_percent=_finite(progress.get("percent")),
             progress_epoch=_whole(progress.get("epoch")),
             estimated_cost=resource.get("estimatedCost"),

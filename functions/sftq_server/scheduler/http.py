@@ -118,13 +118,15 @@ class TickApp:
                 if self._provider_factory is not None:
                     self._provider = self._provider_factory()
                 else:
+                    from sftq_server.budget import DbBudget
                     from sftq_server.provider import FireworksClient
 
                     s = self.settings
                     self._provider = FireworksClient(
                         base_url=s.fireworks_base_url, api_key=s.fireworks_api_key,
                         account_id=s.fireworks_account_id, quota_id=s.fireworks_quota_id,
-                        timeout=s.fireworks_timeout_seconds, rpm=s.fireworks_rpm)
+                        timeout=s.fireworks_timeout_seconds, rpm=s.fireworks_rpm,
+                        budget=DbBudget(self._database(), s, "tick"))
             return self._provider
 
     def close(self) -> None:

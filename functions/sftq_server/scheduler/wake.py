@@ -16,7 +16,7 @@ jobs run at the provider and the last tick is older than `reconcile_interval`: t
 jobs' states are read, and admission runs in the same pass when one of them ended.
 
 Both rates come from the account's request rate (FIREWORKS_RPM) and the share of it the tick
-may use (TICK_SHARE), so early ticks and passes never spend more of the budget than that.
+may use (its reserve in the provider budget), so early ticks and passes never spend more of the budget than that.
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ from sftq_server.core.settings import Settings
 if TYPE_CHECKING:
     from sftq_server.db import Database
 
-# The share of the account's request rate (FIREWORKS_RPM) the tick may spend; the rest is
-# left to jobs-api's pre-flight and to people. An account-wide provider budget that reserves
-# the tick's share in the database replaces this constant when there is one.
-TICK_SHARE = 0.5
+# The share of the account's request rate (FIREWORKS_RPM) early ticks and passes plan on:
+# the tick's reserve in the provider budget (SFTQ_PROVIDER_TICK_RESERVE, sftq_server.budget),
+# which users' lookups can never take, so these passes always find their calls.
 # What a woken tick costs beyond the creates it makes (which the periodic tick would make
 # anyway): the quota read, and a listing page per kind with running jobs (three kinds).
 EARLY_TICK_CALLS = 4
@@ -50,7 +49,8 @@ Pass = Literal["tick", "wake", "reconcile"]
 
 
 def _budget_gap(settings: Settings, calls: int) -> float:
-    return calls * 60.0 / (max(1, settings.fireworks_rpm) * TICK_SHARE)
+    share = min(1.0, max(0.05, settings.provider_tick_reserve))
+    return calls * 60.0 / (max(1, settings.fireworks_rpm) * share)
 
 
 def early_tick_gap(settings: Settings) -> float:

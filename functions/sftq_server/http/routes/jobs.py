@@ -17,6 +17,7 @@ a client would fetch itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -79,9 +80,11 @@ class JobStopper(Protocol):
 ProviderFactory = Callable[[], JobStopper]
 
 
-def default_provider_factory(settings: Settings) -> ProviderFactory:
+def default_provider_factory(settings: Settings,
+                             db: dbmod.Database | None = None) -> ProviderFactory:
     def build() -> JobStopper:
-        # Imported here: httpx and the client load only when a running job is cancelled.
+        # Imported here: httpx and the client load only when the provider is first asked.
+        from sftq_server.budget import DbBudget
         from sftq_server.provider import FireworksClient
 
         return FireworksClient(
@@ -91,9 +94,28 @@ def default_provider_factory(settings: Settings) -> ProviderFactory:
             quota_id=settings.fireworks_quota_id,
             timeout=settings.fireworks_timeout_seconds,
             rpm=settings.fireworks_rpm,
+            # The deployment's one budget: a cancel's stop by default; each request's lookups
+            # say whose they are (JobsApi._ask_provider).
+            budget=DbBudget(db, settings, "cancel") if db is not None else None,
         )
 
     return build
+
+
+# The header the MCP endpoint's in-process transport sets on its jobs-api calls
+# (sftq_server.http.mcp.InProcessTransport): their provider calls count as source "mcp". It
+# names a metrics label only; the budget is the same whichever source a user's lookup has.
+SOURCE_HEADER = "x-sftq-source"
+
+
+def lookup_source(request: Request, default: str) -> str:
+    return "mcp" if request.headers.get(SOURCE_HEADER) == "mcp" else default
+
+
+BUDGET_SPENT_WARNING = (
+    "pre-flight lookups skipped: the provider budget for lookups is spent for now (your share "
+    "of FIREWORKS_RPM, or the share left outside the tick's reserve); the job is accepted and "
+    "the scheduler checks its dataset, evaluator and models while it waits")
 
 
 _FIELD_MESSAGES = {
@@ -237,6 +259,9 @@ class Preflight:
     warnings: list[Finding] = field(default_factory=list)
     estimated_cost: Any = None
     outcome: str | None = None
+    # Whose lookups these are, for the provider budget: the key's hash and the source label.
+    user: bytes = b""
+    source: str = "preflight"
 
     @property
     def to_record(self) -> bool:
@@ -247,7 +272,7 @@ class Preflight:
 
 
 def submit_params(key_hash: bytes, idem: str | None, body: bytes,
-                  check: bool = True) -> tuple[Params, Preflight]:
+                  check: bool = True, source: str = "preflight") -> tuple[Params, Preflight]:
     """POST /jobs: what the group commit takes, from the checked headers and the body, and
     the pre-flight shape check's findings (its definite errors are the 400)."""
     req, payload = parse_submit(body, check)
@@ -257,7 +282,8 @@ def submit_params(key_hash: bytes, idem: str | None, body: bytes,
     if name is None:
         name = default_display_name(req.fireworks_payload)
     return (key_hash, req.kind, payload, name, req.gpu_count, idem,
-            req.queue_timeout_seconds), Preflight(req, report.warnings, outcome=outcome)
+            req.queue_timeout_seconds), Preflight(req, report.warnings, outcome=outcome,
+                                                  user=key_hash, source=source)
 
 
 def is_direct(pre: Preflight) -> bool:
@@ -310,7 +336,7 @@ class JobsApi:
         self.settings = settings
         self.db = db
         self.max_body = settings.max_body_bytes
-        self._provider_factory = provider_factory or default_provider_factory(settings)
+        self._provider_factory = provider_factory or default_provider_factory(settings, db)
         self._provider: JobStopper | None = None
         self._provider_lock = threading.Lock()
         self.group_commit = GroupCommit(db, default_queue_timeout=settings.queue_timeout_seconds,
@@ -322,7 +348,7 @@ class JobsApi:
     def submit(self, request: Request) -> Response:
         key_hash, idem = submit_headers(request)
         params, pre = submit_params(key_hash, idem, request.read_body(self.max_body),
-                                    self.settings.preflight)
+                                    self.settings.preflight, lookup_source(request, "preflight"))
         self.check_resources(pre)
         answer = self.submit_direct(params, pre) if is_direct(pre) else \
             self.group_commit.submit(params)
@@ -345,26 +371,33 @@ class JobsApi:
         if pre.outcome != "pending" or not self.can_ask_provider():
             return
 
-        report = self._ask_provider(pre.req)
+        report = self._ask_provider(pre.req, source=pre.source, user=pre.user)
         if report is None:
             return  # left to the tick
         if report.errors:
             raise payload_refusal(report.errors)
         pre.warnings.extend(report.warnings)
+        if report.budget_spent:
+            pre.warnings.append(Finding("fireworks_payload", BUDGET_SPENT_WARNING))
         pre.estimated_cost = report.estimated_cost
         # Not answered in time: left to the next tick, as if never asked.
         pre.outcome = "checked" if report.answered else "pending"
 
-    def _ask_provider(self, req: SubmitRequest, estimate: bool = True) -> Any:
+    def _ask_provider(self, req: SubmitRequest, estimate: bool = True, *,
+                      source: str = "preflight", user: bytes = b"") -> Any:
         """The provider check's report, or None when it could not be made at all (an
-        unexpected failure is logged and leaves the check to the tick: never a 500)."""
+        unexpected failure is logged and leaves the check to the tick: never a 500). Its
+        calls draw on the caller's share of the deployment's provider budget."""
         from sftq_server.preflight.resources import check_resources
 
         try:
             provider: Any = self._get_provider()
-            return check_resources(provider, req.kind, req.fireworks_payload, req.gpu_count,
-                                   budget_seconds=self.settings.preflight_budget_ms / 1000,
-                                   estimate=estimate)
+            acting = getattr(getattr(provider, "budget", None), "acting_for", None)
+            with acting(source, user) if acting is not None else contextlib.nullcontext():
+                return check_resources(provider, req.kind, req.fireworks_payload,
+                                       req.gpu_count,
+                                       budget_seconds=self.settings.preflight_budget_ms / 1000,
+                                       estimate=estimate)
         except Exception as exc:  # noqa: BLE001 - the job is checked again by the tick
             logger.warning("pre-flight provider check failed (%s): %s", type(exc).__name__, exc)
             return None
@@ -385,23 +418,28 @@ class JobsApi:
 
     # POST /jobs:validate: the same body as POST /jobs, every check, nothing enqueued.
     def validate(self, request: Request) -> Response:
-        authenticate(request)
+        key_hash = authenticate(request)
         check_json_content_type(request)
         req, _ = parse_submit(request.read_body(self.max_body))
         report = check_shape(req.kind, req.fireworks_payload)
         errors, warnings = list(report.errors), list(report.warnings)
         cost: Any = None
-        # "unavailable": no Fireworks credentials here; "unanswered": not in the budget.
+        # "unavailable": no Fireworks credentials here; "unanswered": not in the time budget
+        # or not in the request budget; "skipped": the shape check already found a definite
+        # error, and a payload Fireworks would refuse is not worth the account's requests.
         checked = "unavailable"
-        if self.can_ask_provider():
-            # The resources are looked up whatever the shape check found (one answer tells
-            # both), but a cost is asked only of a payload Fireworks would take.
-            found = self._ask_provider(req, estimate=not errors)
+        if errors and self.can_ask_provider():
+            checked = "skipped"
+        elif self.can_ask_provider():
+            found = self._ask_provider(req, source=lookup_source(request, "validate"),
+                                       user=key_hash)
             checked = "done" if found is not None and found.answered else "unanswered"
             if found is not None:
                 errors += found.errors
                 warnings += found.warnings
                 cost = found.estimated_cost
+                if found.budget_spent:
+                    warnings.append(Finding("fireworks_payload", BUDGET_SPENT_WARNING))
         body = {"valid": not errors, "kind": req.kind,
                 "errors": [f.as_json() for f in errors],
                 "warnings": [f.as_json() for f in warnings],
@@ -488,6 +526,7 @@ class JobsApi:
         return Response(202, pending.encode(), list(JSON_HEADERS))
 
     def _stop_at_provider(self, kind: str, provider_id: str, job_id: str) -> bool:
+        provider: Any = None
         try:
             provider = self._get_provider()
             provider.stop_job(kind, provider_id)
@@ -496,6 +535,15 @@ class JobsApi:
             logger.warning("cancel %s: provider stop failed (%s): %s",
                            job_id, type(exc).__name__, exc)
             return False
+        finally:
+            # The stop's count (sftq_provider_requests_total{source="cancel"}).
+            flush = getattr(getattr(provider, "budget", None), "flush", None)
+            if flush is not None:
+                try:
+                    flush()
+                except Exception as exc:  # noqa: BLE001 - a metric lost, never the cancel
+                    logger.warning("cancel %s: could not record the provider call: %s",
+                                   job_id, exc)
         return True
 
     def _get_provider(self) -> JobStopper:

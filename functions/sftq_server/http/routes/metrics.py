@@ -121,9 +121,13 @@ class Figures:
                                 "When the newest tick without errors ended (Unix time; 0: never).",
                                 value=float(a.get("tick_last_success") or 0))
         requests = CounterMetricFamily("sftq_provider_requests_total",
-                                       "Provider calls the ticks made, by call and HTTP status "
-                                       "(timeout, error: no answer).", labels=["call", "status"])
-        for ls, value in sorted(self._grouped("provider_requests_total", ("call", "status"))):
+                                       "Provider calls of every process, by source (tick, "
+                                       "preflight, validate, mcp, cancel), call and HTTP status "
+                                       "(timeout, error: no answer; not_sent, over_budget: not "
+                                       "sent).", labels=["source", "call", "status"])
+        for ls, value in sorted(self._grouped("provider_requests_total",
+                                              ("source", "call", "status"),
+                                              {"source": "tick"})):
             requests.add_metric(list(ls), value)
         yield requests
         deliveries = CounterMetricFamily("sftq_webhook_deliveries_total",
@@ -140,10 +144,13 @@ class Figures:
                                 "SFTQ_STALL_SECONDS (they are not cancelled).",
                                 value=float(a.get("stalled_jobs") or 0))
 
-    def _grouped(self, name: str, labels: tuple[str, ...]) -> list[tuple[tuple[str, ...], float]]:
+    def _grouped(self, name: str, labels: tuple[str, ...],
+                 defaults: dict[str, str] | None = None) -> list[tuple[tuple[str, ...], float]]:
+        # `defaults`: the value of a label that older rows were kept without.
         out: dict[tuple[str, ...], float] = {}
+        fill = defaults or {}
         for ls, v in self.counts.get(name, ()):
-            key = tuple(str(ls.get(label, "")) for label in labels)
+            key = tuple(str(ls.get(label, fill.get(label, ""))) for label in labels)
             out[key] = out.get(key, 0.0) + v
         return list(out.items())
 
