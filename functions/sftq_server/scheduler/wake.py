@@ -16,7 +16,8 @@ jobs run at the provider and the last tick is older than `reconcile_interval`: t
 jobs' states are read, and admission runs in the same pass when one of them ended.
 
 Both rates come from the account's request rate (FIREWORKS_RPM) and the share of it the tick
-may use (its reserve in the provider budget), so early ticks and passes never spend more of the budget than that.
+may use (its reserve in the provider budget), so early ticks and passes never spend more of
+the budget than that.
 """
 
 from __future__ import annotations
