@@ -22,22 +22,36 @@ CREATE OR REPLACE FUNCTION sftq.user_limits_take(
     OUT err_details  text[])
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    -- Per distinct user of the batch, in user id order: rate, queue limit, QUEUED jobs,
+    -- and what the bucket let through (NULL: no rate) and its tat after.
+    v_uids     bigint[];
+    v_rpm      integer[];
+    v_maxq     integer[];
+    v_queued   integer[];
+    v_granted  integer[];
+    v_tat      timestamptz[];
+    v_seen     integer[];
+    v_u        integer;
+    v_rk       integer;
+    v_after    timestamptz;
+    i          integer;
 BEGIN
-    -- One statement for a whole batch (the group commit of POST /jobs): each user's bucket
-    -- row is taken once, in user id order, however many of its requests the batch holds.
-    -- Requests of one user pass in the order given: the first `granted` of them pass the
-    -- rate; of those, as many as the user's queue limit leaves room for pass the queue
-    -- check (p_queue: the request would add a QUEUED job).
-    WITH req AS (
-        SELECT t.uid, t.o, row_number() OVER (PARTITION BY t.uid ORDER BY t.o) AS rk
-          FROM unnest(p_user_ids) WITH ORDINALITY AS t(uid, o)
-    ), lim AS (
+    -- One statement (its plan kept: it runs in every POST /jobs transaction) reads each
+    -- distinct user's limits and moves the buckets of those with a rate, in user id order
+    -- (two batches never wait on each other in a cycle); a new bucket starts full. Then
+    -- each request in the order given, in PL/pgSQL over arrays: the first `granted` of a
+    -- user's requests pass the rate; of those, as many as its queue limit leaves room for
+    -- pass the queue check.
+    user_ids := p_user_ids;
+    WITH lim AS (
         SELECT u.id AS uid, r.n, COALESCE(u.rate_per_minute, d.rate_per_minute) AS rpm,
                CASE WHEN p_queue THEN COALESCE(u.max_queued, d.max_queued) ELSE 0 END AS maxq,
                u.queued_count AS queued
-          FROM (SELECT req.uid, count(*)::int AS n FROM req WHERE req.uid IS NOT NULL
-                 GROUP BY req.uid) r
+          FROM (SELECT t.uid, count(*)::int AS n FROM unnest(p_user_ids) AS t(uid)
+                 WHERE t.uid IS NOT NULL GROUP BY t.uid) r
           JOIN sftq.users u ON u.id = r.uid
          CROSS JOIN sftq.user_limit_defaults d
     ), took AS (
@@ -53,35 +67,51 @@ BEGIN
                    extract(epoch FROM p_now + interval '1 minute' - GREATEST(b.tat, p_now))
                    / extract(epoch FROM EXCLUDED.period)))::int) * EXCLUDED.period,
                period = EXCLUDED.period
-        RETURNING b.user_id, b.granted, b.tat, b.period
-    ), verdict AS (
-        SELECT req.o, req.uid, l.rpm, l.maxq, l.queued, k.tat, k.period,
-               CASE WHEN k.user_id IS NOT NULL AND req.rk > k.granted THEN 'SQ429'
-                    WHEN l.maxq > 0 AND l.queued + req.rk > l.maxq THEN 'SQ4QL' END AS st
-          FROM req
-          LEFT JOIN lim l ON l.uid = req.uid
-          LEFT JOIN took k ON k.user_id = req.uid
+        RETURNING b.user_id, b.granted, b.tat
     )
-    SELECT array_agg(CASE WHEN v.st IS NULL THEN v.uid END ORDER BY v.o),
-           array_agg(v.st ORDER BY v.o),
-           array_agg(CASE v.st
-               WHEN 'SQ429' THEN format('rate limit: this user may make %s requests a minute '
-                   '(POST /jobs, POST /jobs:validate, retries and MCP tool calls together); '
-                   'retry after %s s', v.rpm,
-                   sftq._seconds_until(v.tat + v.period - interval '1 minute', p_now))
-               WHEN 'SQ4QL' THEN format('queue limit: this user may have at most %s QUEUED '
-                   'jobs at once and has %s; wait for some to start or end (or cancel some), '
-                   'then submit again', v.maxq, v.queued) END ORDER BY v.o),
-           array_agg(CASE v.st
-               WHEN 'SQ429' THEN json_build_object(
-                   'limit', v.rpm, 'window', 60, 'remaining', 0,
-                   'reset', sftq._seconds_until(v.tat, p_now),
-                   'retry_after', sftq._seconds_until(v.tat + v.period - interval '1 minute',
-                                                      p_now))::text
-               WHEN 'SQ4QL' THEN json_build_object('limit', v.maxq, 'queued', v.queued)::text
-               END ORDER BY v.o)
-      INTO user_ids, err_states, err_messages, err_details
-      FROM verdict v;
+    SELECT array_agg(l.uid ORDER BY l.uid), array_agg(l.rpm ORDER BY l.uid),
+           array_agg(l.maxq ORDER BY l.uid), array_agg(l.queued ORDER BY l.uid),
+           array_agg(k.granted ORDER BY l.uid), array_agg(k.tat ORDER BY l.uid)
+      INTO v_uids, v_rpm, v_maxq, v_queued, v_granted, v_tat
+      FROM lim l LEFT JOIN took k ON k.user_id = l.uid;
+    IF v_uids IS NULL THEN
+        RETURN;  -- no known user here
+    END IF;
+    IF p_queue AND 0 < ANY (v_maxq) THEN
+        -- Tells sftq._queue_limit_recheck, later in this transaction, that it has work.
+        PERFORM pg_catalog.set_config('sftq.queue_limited', 'on', true);
+    END IF;
+    v_seen := array_fill(0, ARRAY[cardinality(v_uids)]);
+    FOR i IN 1 .. cardinality(p_user_ids) LOOP
+        CONTINUE WHEN p_user_ids[i] IS NULL;
+        v_u := array_position(v_uids, p_user_ids[i]);
+        CONTINUE WHEN v_u IS NULL;  -- not a user (any more): the enqueue answers that
+        v_seen[v_u] := v_seen[v_u] + 1;
+        v_rk := v_seen[v_u];
+        IF v_rk > v_granted[v_u] THEN
+            -- One more request fits when tat is no more than a minute minus a period ahead.
+            v_after := v_tat[v_u] + interval '1 minute' / v_rpm[v_u] - interval '1 minute';
+            user_ids[i] := NULL;
+            err_states[i] := 'SQ429';
+            err_messages[i] := format(
+                'rate limit: this user may make %s requests a minute (POST /jobs, POST '
+                '/jobs:validate, retries and MCP tool calls together); retry after %s s',
+                v_rpm[v_u], sftq._seconds_until(v_after, p_now));
+            err_details[i] := json_build_object(
+                'limit', v_rpm[v_u], 'window', 60, 'remaining', 0,
+                'reset', sftq._seconds_until(v_tat[v_u], p_now),
+                'retry_after', sftq._seconds_until(v_after, p_now))::text;
+        ELSIF v_maxq[v_u] > 0 AND v_queued[v_u] + v_rk > v_maxq[v_u] THEN
+            user_ids[i] := NULL;
+            err_states[i] := 'SQ4QL';
+            err_messages[i] := format(
+                'queue limit: this user may have at most %s QUEUED jobs at once and has %s; '
+                'wait for some to start or end (or cancel some), then submit again',
+                v_maxq[v_u], v_queued[v_u]);
+            err_details[i] := json_build_object('limit', v_maxq[v_u],
+                                                'queued', v_queued[v_u])::text;
+        END IF;
+    END LOOP;
 END
 $$;
 COMMENT ON FUNCTION sftq.user_limits_take(bigint[], boolean, timestamptz) IS
@@ -128,6 +158,9 @@ AS $$
 DECLARE
     v_max  integer;
 BEGIN
+    IF current_setting('sftq.queue_limited', true) IS DISTINCT FROM 'on' THEN
+        RETURN;  -- sftq.user_limits_take saw no queue limit in this transaction
+    END IF;
     SELECT COALESCE(u.max_queued, d.max_queued) INTO v_max
       FROM sftq.users u CROSS JOIN sftq.user_limit_defaults d
      WHERE u.id = ANY (p_owners) AND COALESCE(u.max_queued, d.max_queued) > 0
@@ -144,7 +177,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sftq._queue_limit_recheck(bigint[]) IS
-    'Raises SQ4QL when an owner now has more QUEUED jobs than its limit (a race of two enqueues that both passed sftq.user_limits_take). Locking contract: reads the owners'' user rows, which the caller already holds (FOR NO KEY UPDATE by its counter update).';
+    'Raises SQ4QL when an owner now has more QUEUED jobs than its limit (a race of two enqueues that both passed sftq.user_limits_take). Does nothing unless sftq.user_limits_take saw a queue limit earlier in the transaction (the transaction-local setting sftq.queue_limited): an enqueue that did not go through the limits is not limited. Locking contract: reads the owners'' user rows, which the caller already holds (FOR NO KEY UPDATE by its counter update).';
 
 -- Long-lived connections: a lease row per open stream or wait.
 CREATE OR REPLACE FUNCTION sftq.user_lease_take(p_user_id bigint, p_lease uuid, p_kind text,
