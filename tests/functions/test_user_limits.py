@@ -5,9 +5,11 @@ what `sftq admin set-limits` / `list-users` show."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -154,7 +156,7 @@ def test_two_transactions_at_the_limit_cannot_both_enqueue(db_url: str, db: Db,
     """The race the recheck closes: both pass the check against the same count. The rate is
     off, so nothing else serialises them."""
     set_limits(db, "alice", rpm=0, max_queued=1, which="rq")
-    key_hash = __import__("hashlib").sha256(alice.encode()).digest()
+    key_hash = hashlib.sha256(alice.encode()).digest()
     sql = ("SELECT err_state FROM sftq.api_submit_many(ARRAY[%s]::bytea[], ARRAY['SFT'], "
            "ARRAY['{}'::jsonb], ARRAY[NULL::text], ARRAY[4], ARRAY[NULL::text], "
            "ARRAY[NULL::int], NULL)")
@@ -183,3 +185,66 @@ def test_two_transactions_at_the_limit_cannot_both_enqueue(db_url: str, db: Db,
         first.close()
         second.close()
     assert db.one("SELECT queued_count FROM sftq.users WHERE name = 'alice'") == 1
+
+
+# -- MCP: tool calls count against the rate; a wait holds a stream slot -----------------------
+
+def _mcp_call(client: Client, key: str, name: str, arguments: dict[str, Any],
+              id_: int = 1) -> dict[str, Any]:
+    resp = client.post("/functions/v1/mcp", data=json.dumps({
+        "jsonrpc": "2.0", "id": id_, "method": "tools/call",
+        "params": {"name": name, "arguments": arguments}}), headers={
+        "Authorization": f"Bearer {key}", "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream"})
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    text = resp.get_data(as_text=True)
+    if text.startswith("event:") or text.startswith("data:"):
+        text = next(line[5:] for line in text.splitlines() if line.startswith("data:"))
+    message = json.loads(text)
+    assert message["id"] == id_
+    result: dict[str, Any] = message["result"]
+    return result
+
+
+def _tool_error(result: dict[str, Any]) -> dict[str, Any]:
+    assert result.get("isError") is True, result
+    error: dict[str, Any] = json.loads(result["content"][0]["text"])["error"]
+    return error
+
+
+def test_mcp_tool_calls_are_rate_limited_as_tool_errors(gateway: Any, db: Db, alice: str,
+                                                        bob: str) -> None:
+    set_limits(db, "alice", rpm=2, which="r")
+    client = Client(gateway)
+    for i in range(2):
+        assert not _mcp_call(client, alice, "list_jobs", {}, i).get("isError")
+    error = _tool_error(_mcp_call(client, alice, "list_jobs", {}, 9))
+    assert error["code"] == "rate_limited" and error["status"] == 429
+    assert error["details"]["limit"] == 2 and error["details"]["retry_after"] >= 1
+    assert not _mcp_call(client, bob, "list_jobs", {}).get("isError")
+
+
+def test_an_mcp_wait_holds_a_stream_slot_while_it_waits(gateway: Any, api: Api, db: Db,
+                                                        alice: str) -> None:
+    set_limits(db, "alice", max_streams=1, which="s")
+    job = api.enqueue(alice)
+    results: list[dict[str, Any]] = []
+    waiter = threading.Thread(target=lambda: results.append(_mcp_call(
+        Client(gateway), alice, "wait_for_job", {"job_id": job, "timeout_seconds": 3}, 1)))
+    waiter.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not db.one("SELECT count(*) FROM sftq.user_leases WHERE kind = 'wait'"):
+            assert time.monotonic() < deadline, "the wait took no slot"
+            time.sleep(0.05)
+        error = _tool_error(_mcp_call(Client(gateway), alice, "wait_for_job",
+                                      {"job_id": job, "timeout_seconds": 1}, 2))
+        assert error["code"] == "too_many_streams" and error["status"] == 429
+    finally:
+        waiter.join(15)
+    assert results and results[0]["structuredContent"]["timed_out"] is True
+    # The wait is over: its slot is freed (right after its answer went out).
+    deadline = time.monotonic() + 10
+    while db.one("SELECT count(*) FROM sftq.user_leases"):
+        assert time.monotonic() < deadline, "the wait kept its slot"
+        time.sleep(0.05)

@@ -110,7 +110,8 @@ class Gateway:
                 if self._mcp is None:
                     from sftq_server.http.mcp import make_wsgi_mcp
 
-                    self._mcp = make_wsgi_mcp(self, JOBS_PREFIX, self.settings.max_body_bytes)
+                    self._mcp = make_wsgi_mcp(self, JOBS_PREFIX, self.settings.max_body_bytes,
+                                              db=self._jobs.api.db)
         body: Iterable[bytes] = self._mcp(environ, start_response)
         return body
 

@@ -272,7 +272,8 @@ class RsgiGateway:
         if self._mcp is None:
             from sftq_server.http.mcp import make_rsgi_mcp
 
-            self._mcp = make_rsgi_mcp(self.gateway, JOBS_PREFIX, self._max_body) or False
+            self._mcp = make_rsgi_mcp(self.gateway, JOBS_PREFIX, self._max_body,
+                                      db=self._jobs.api.db) or False
         return self._mcp or None
 
     async def _submit(self, scope: Any, proto: Any) -> None:

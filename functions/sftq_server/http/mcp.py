@@ -33,6 +33,8 @@ from typing import Any, Final
 
 import httpx
 
+from sftq_server.db import Database
+from sftq_server.http.user_limits import UserLimits, mcp_limits
 from sftq_server.http.web import StartResponse, WSGIApp, simple_app, status_line
 
 logger = logging.getLogger("sftq.mcp")
@@ -98,8 +100,11 @@ class McpHttpApp:
     """The ASGI application of ``/functions/v1/mcp``."""
 
     def __init__(self, jobs_api_url: str, *, transport: httpx.AsyncBaseTransport | None = None,
-                 max_body_bytes: int = 1_048_576, direct: bool = True) -> None:
+                 max_body_bytes: int = 1_048_576, direct: bool = True,
+                 limits: UserLimits | None = None) -> None:
         self.jobs_api_url = jobs_api_url.rstrip("/")
+        # Per-user limits on tool calls and waits (http/user_limits.py); None: jobs-api's only.
+        self.limits = limits
         self.direct = direct
         self._dispatch: DirectDispatch | None = None
         self._transport = _SharedTransport(transport or httpx.AsyncHTTPTransport())
@@ -234,11 +239,17 @@ class McpHttpApp:
                           "user is disabled)", "unauthorized",
                           [(b"www-authenticate", b'Bearer realm="finetune-queue"')])
             return rpc
-        streaming, plain = await self._start()
-        if b'"progressToken"' in body:
-            await streaming.handle_request(scope, receive, send)
-        elif self._dispatch is None or not await self._dispatch.answer(scope, body, send):
-            await plain.handle_request(scope, receive, send)
+        async with mcp_limits(self.limits, key, rpc, body) as refusal:  # rate, wait slots
+            if refusal is not None:
+                await send({"type": "http.response.start", "status": 200, "headers": [
+                    *_JSON, (b"content-length", str(len(refusal)).encode())]})
+                await send({"type": "http.response.body", "body": refusal})
+                return rpc
+            streaming, plain = await self._start()
+            if b'"progressToken"' in body:
+                await streaming.handle_request(scope, receive, send)
+            elif self._dispatch is None or not await self._dispatch.answer(scope, body, send):
+                await plain.handle_request(scope, receive, send)
         return rpc
 
     async def _key_accepted(self, key: str) -> bool:
@@ -583,7 +594,8 @@ def _scope(environ: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def make_wsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int) -> WSGIApp:
+def make_wsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int,
+                  db: Database | None = None) -> WSGIApp:
     """The MCP endpoint for the WSGI gateway, calling the gateway's own jobs-api in-process;
     503 when the mcp package is not installed."""
     try:
@@ -593,7 +605,8 @@ def make_wsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int) -> 
         return simple_app(503, "the MCP endpoint needs the mcp extra on the server",
                           "unavailable", [("Retry-After", "30")])
     app = McpHttpApp(f"http://sftq.internal{jobs_api_path}",
-                     transport=InProcessTransport(gateway), max_body_bytes=max_body_bytes)
+                     transport=InProcessTransport(gateway), max_body_bytes=max_body_bytes,
+                     limits=None if db is None else UserLimits(db))
     return WsgiMcp(app)
 
 
@@ -673,7 +686,8 @@ class RsgiMcp:
         await self.app(asgi_scope, receive, send)
 
 
-def make_rsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int) -> Any:
+def make_rsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int,
+                  db: Database | None = None) -> Any:
     """The MCP endpoint for the RSGI gateway; None when the mcp package is not installed
     (the WSGI gateway's route then answers 503)."""
     try:
@@ -682,4 +696,5 @@ def make_rsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int) -> 
         return None
     return RsgiMcp(McpHttpApp(f"http://sftq.internal{jobs_api_path}",
                               transport=InProcessTransport(gateway),
-                              max_body_bytes=max_body_bytes))
+                              max_body_bytes=max_body_bytes,
+                              limits=None if db is None else UserLimits(db)))
