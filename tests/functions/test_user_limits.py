@@ -248,3 +248,54 @@ def test_an_mcp_wait_holds_a_stream_slot_while_it_waits(gateway: Any, api: Api, 
     while db.one("SELECT count(*) FROM sftq.user_leases"):
         assert time.monotonic() < deadline, "the wait kept its slot"
         time.sleep(0.05)
+
+
+# -- the operator's side: sftq admin set-limits / list-users --------------------------------
+
+def _sftq_admin(db_url: str, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
+                                                                                     str]:
+    from sftq_server.cli import main
+
+    code = main(["admin", *args, "--database-url", db_url])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_set_limits_and_list_users_through_the_cli(db_url: str, db: Db, alice: str, bob: str,
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   api: Api) -> None:
+    code, out, _ = _sftq_admin(db_url, capsys, "set-limits", "alice", "--rpm", "120",
+                               "--max-queued", "5")
+    assert code == 0
+    assert out.strip() == ("alice: 120 requests a minute, 5 queued jobs at most, "
+                           "10 streams and waits at once (default)")
+    code, out, _ = _sftq_admin(db_url, capsys, "list-users", "--json")
+    users = {u["name"]: u for u in json.loads(out)}
+    assert (users["alice"]["rate_per_minute"], users["alice"]["max_queued"],
+            users["alice"]["max_streams"]) == (120, 5, 10)
+    assert users["alice"]["own_limits"] == ["rate_per_minute", "max_queued"]
+    assert (users["bob"]["rate_per_minute"], users["bob"]["max_queued"],
+            users["bob"]["own_limits"]) == (600, 0, [])
+    # The defaults move every user without a limit of their own.
+    code, out, _ = _sftq_admin(db_url, capsys, "set-limits", "--default", "--max-streams", "3")
+    assert code == 0 and out.startswith("the default: 600 requests a minute")
+    code, out, _ = _sftq_admin(db_url, capsys, "list-users")
+    lines = out.splitlines()
+    assert lines[0].split()[:8] == ["NAME", "CAP", "RUNNING", "QUEUED", "KEYS", "RPM", "MAX",
+                                    "QUEUED"]
+    alice_row = next(line.split() for line in lines if line.startswith("alice"))
+    bob_row = next(line.split() for line in lines if line.startswith("bob"))
+    assert alice_row[5:8] == ["120*", "5*", "0/3"] and bob_row[5:8] == ["600", "-", "0/3"]
+    # It takes effect at the next request.
+    set_limits(db, "alice", max_queued=1, which="q")
+    api.enqueue(alice)
+    assert_error(api.submit(alice), 429, "queue_limit")
+    code, out, _ = _sftq_admin(db_url, capsys, "set-limits", "alice", "--max-queued", "default")
+    assert code == 0 and "no queue limit (default)" in out
+    api.enqueue(alice)
+    # Mistakes say what to fix, with the admin exit codes.
+    assert _sftq_admin(db_url, capsys, "set-limits", "nobody", "--rpm", "1")[0] == 4
+    code, _, err = _sftq_admin(db_url, capsys, "set-limits", "alice", "--rpm", "lots")
+    assert code == 7 and "whole number" in err
+    assert _sftq_admin(db_url, capsys, "set-limits", "alice")[0] == 7
+    assert _sftq_admin(db_url, capsys, "set-limits", "--rpm", "5")[0] == 2
