@@ -322,8 +322,9 @@ def format_table(users: list[UserRow]) -> str:
         value = getattr(u.limits, name)
         return ("-" if value == 0 else str(value)) + ("*" if name in u.limits.own else "")
 
-    header = ("NAME", "CAP", "RUNNING", "QUEUED", "KEYS", "RPM", "MAX QUEUED", "STREAMS",
-              "CREATED", "LAST USED", "DISABLED")
+    # The limits come last: the columns before them keep their places for readers of old.
+    header = ("NAME", "CAP", "RUNNING", "QUEUED", "KEYS", "CREATED", "LAST USED", "DISABLED",
+              "RPM", "MAX QUEUED", "STREAMS")
     rows = [
         (
             u.name,
@@ -331,12 +332,12 @@ def format_table(users: list[UserRow]) -> str:
             str(u.running),
             str(u.queued),
             str(u.active_keys),
-            limit(u, "rate_per_minute"),
-            limit(u, "max_queued"),
-            f"{u.open_streams}/{limit(u, 'max_streams')}",
             when(u.created_at),
             when(u.last_used_at),
             when(u.disabled_at),
+            limit(u, "rate_per_minute"),
+            limit(u, "max_queued"),
+            f"{u.open_streams}/{limit(u, 'max_streams')}",
         )
         for u in users
     ]
