@@ -3,7 +3,7 @@
     functions-framework --source functions/mcp_api.py --target mcp_api --asgi
 
 Deployed as its own service, like jobs-stream: a wait_for_job call holds its answer open for
-as long as the agent asked (an hour at most). Each request acts as its own bearer key's user
+as long as the agent asked (15 minutes at most). Each request acts as its own bearer key's user
 by calling jobs-api with that key, at SFTQ_MCP_JOBS_API_URL (default
 $SUPABASE_URL/functions/v1/jobs-api). It holds no session state, so any number of instances
 may answer; with DATABASE_URL it also applies the per-user limits to tool calls and waits
