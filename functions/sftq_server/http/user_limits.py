@@ -114,5 +114,7 @@ def _tool_error(request_id: Any, exc: SftqError) -> bytes:
     if exc.detail is not None:
         error["details"] = exc.detail
     text = json.dumps({"error": error})
+    # Compact, as the mcp package writes its answers.
     return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {
-        "content": [{"type": "text", "text": text}], "isError": True}}).encode()
+        "content": [{"type": "text", "text": text}], "isError": True}},
+        separators=(",", ":")).encode()
