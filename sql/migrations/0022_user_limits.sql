@@ -31,11 +31,12 @@ COMMENT ON TABLE sftq.user_limit_defaults IS
 CREATE TABLE sftq.user_rate (
     user_id  bigint PRIMARY KEY REFERENCES sftq.users (id),
     tat      timestamptz NOT NULL,
-    granted  integer NOT NULL,
-    period   interval NOT NULL
+    granted  integer NOT NULL
 ) WITH (fillfactor = 50);  -- updated in place on every limited request: room for HOT updates
+-- A bucket for every user there is (new users get theirs from a trigger: 195_user_limits.sql).
+INSERT INTO sftq.user_rate (user_id, tat, granted) SELECT u.id, '-infinity', 0 FROM sftq.users u;
 COMMENT ON TABLE sftq.user_rate IS
-    'Per-user request-rate state (GCRA): the bucket is full when tat <= now, empty when tat >= now + 1 minute; each request moves tat on by period (a minute / the user''s rate). granted: how many requests the last take let through.';
+    'Per-user request-rate state (GCRA): the bucket is full when tat <= now, empty when tat >= now + 1 minute; each request moves tat on by a minute / the user''s rate. granted: how many requests the last take let through.';
 
 -- One row per open long-lived connection: counted across every process, renewed by the
 -- process that holds it, gone when it closes or when its process stops renewing it.

@@ -55,18 +55,17 @@ BEGIN
           JOIN sftq.users u ON u.id = r.uid
          CROSS JOIN sftq.user_limit_defaults d
     ), took AS (
-        INSERT INTO sftq.user_rate AS b (user_id, tat, granted, period)
-        SELECT l.uid, p_now + LEAST(l.n, l.rpm) * (interval '1 minute' / l.rpm),
-               LEAST(l.n, l.rpm), interval '1 minute' / l.rpm
-          FROM lim l WHERE l.rpm > 0 ORDER BY l.uid
-        ON CONFLICT (user_id) DO UPDATE
-           SET granted = LEAST(EXCLUDED.granted, GREATEST(0, floor(
+        -- Every user has a bucket (made with the user: sftq._user_rate_row); a plain UPDATE
+        -- costs less than an upsert's speculative insertion. Rows in user id order.
+        UPDATE sftq.user_rate b
+           SET granted = LEAST(l.n, GREATEST(0, floor(
                    extract(epoch FROM p_now + interval '1 minute' - GREATEST(b.tat, p_now))
-                   / extract(epoch FROM EXCLUDED.period)))::int),
-               tat = GREATEST(b.tat, p_now) + LEAST(EXCLUDED.granted, GREATEST(0, floor(
+                   * l.rpm / 60.0))::int),
+               tat = GREATEST(b.tat, p_now) + LEAST(l.n, GREATEST(0, floor(
                    extract(epoch FROM p_now + interval '1 minute' - GREATEST(b.tat, p_now))
-                   / extract(epoch FROM EXCLUDED.period)))::int) * EXCLUDED.period,
-               period = EXCLUDED.period
+                   * l.rpm / 60.0))::int) * (interval '1 minute' / l.rpm)
+          FROM (SELECT * FROM lim WHERE lim.rpm > 0 ORDER BY lim.uid) l
+         WHERE b.user_id = l.uid
         RETURNING b.user_id, b.granted, b.tat
     )
     SELECT array_agg(l.uid ORDER BY l.uid), array_agg(l.rpm ORDER BY l.uid),
@@ -116,6 +115,23 @@ END
 $$;
 COMMENT ON FUNCTION sftq.user_limits_take(bigint[], boolean, timestamptz) IS
     'The per-user limits of a batch of requests (p_user_ids[i] NULL: unauthenticated, passed through): user_ids with NULL where request i is refused, and its err_state (SQ429 rate_limited, SQ4QL queue_limit, NULL when it passes), message and detail (JSON text). Counts every request of a known user against its rate (a refused one moves nothing); with p_queue, also refuses requests that would take the user past its QUEUED limit, as the queue stood when the statement began (sftq._queue_limit_recheck closes the race after the enqueue). Locking contract: inserts or updates the sftq.user_rate row of each user with a rate, in user id order, held to the end of the transaction: concurrent batches of one user queue up here. Taken before the admission gate (an exception to sftq._gate''s rule that is safe: no holder of the gate ever waits for a user_rate row).';
+
+-- Every user gets a bucket as they are created (the migration made those of the users before).
+CREATE OR REPLACE FUNCTION sftq._user_rate_row()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO sftq.user_rate (user_id, tat, granted) VALUES (NEW.id, '-infinity', 0)
+    ON CONFLICT (user_id) DO NOTHING;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION sftq._user_rate_row() IS
+    'Trigger: a new user''s request-rate bucket (sftq.user_rate), full. Locking contract: inserts that one row.';
+CREATE OR REPLACE TRIGGER users_rate_row AFTER INSERT ON sftq.users
+    FOR EACH ROW EXECUTE FUNCTION sftq._user_rate_row();
 
 -- Seconds from p_now until p_at, rounded up, at least 1: what Retry-After and the reset say.
 CREATE OR REPLACE FUNCTION sftq._seconds_until(p_at timestamptz, p_now timestamptz)
@@ -192,10 +208,7 @@ DECLARE
     v_open  integer;
 BEGIN
     -- The user's rate row serialises the user's takes across processes (two streams opened
-    -- at once must not both see one free slot). Created here if the user has none yet.
-    INSERT INTO sftq.user_rate AS b (user_id, tat, granted, period)
-    VALUES (p_user_id, p_now, 0, interval '1 second')
-    ON CONFLICT (user_id) DO NOTHING;
+    -- at once must not both see one free slot).
     PERFORM 1 FROM sftq.user_rate b WHERE b.user_id = p_user_id FOR NO KEY UPDATE;
     SELECT COALESCE(u.max_streams, d.max_streams) INTO v_max
       FROM sftq.users u CROSS JOIN sftq.user_limit_defaults d WHERE u.id = p_user_id;
@@ -217,7 +230,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sftq.user_lease_take(bigint, uuid, text, integer, timestamptz) IS
-    'Records an open stream or wait of the user (a lease expiring after p_ttl_seconds unless renewed), or raises SQ4SL when the user already holds max_streams unexpired leases. Deletes the user''s expired leases. Locking contract: the user''s sftq.user_rate row (FOR NO KEY UPDATE, created if missing), so takes of one user are serialised; then its lease rows.';
+    'Records an open stream or wait of the user (a lease expiring after p_ttl_seconds unless renewed), or raises SQ4SL when the user already holds max_streams unexpired leases. Deletes the user''s expired leases. Locking contract: the user''s sftq.user_rate row (FOR NO KEY UPDATE), so takes of one user are serialised; then its lease rows.';
 
 CREATE OR REPLACE FUNCTION sftq.api_lease_take(p_key_hash bytea, p_lease uuid, p_kind text,
                                                p_ttl_seconds integer)

@@ -80,7 +80,7 @@ def test_retry_counts_against_the_rate(api: Api, db: Db, alice: str) -> None:
     job = api.enqueue(alice)
     api.delete(f"/jobs/{job}", alice)
     set_limits(db, "alice", rpm=2, which="r")
-    db.conn.execute("DELETE FROM sftq.user_rate")
+    db.conn.execute("UPDATE sftq.user_rate SET tat = '-infinity'")  # a full bucket
     api.enqueue(alice)
     assert api.post(f"/jobs/{job}/retry", alice).status_code == 201
     assert_error(api.post(f"/jobs/{job}/retry", alice), 429, "rate_limited")
