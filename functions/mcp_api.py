@@ -3,11 +3,12 @@
     functions-framework --source functions/mcp_api.py --target mcp_api --asgi
 
 Deployed as its own service, like jobs-stream: a wait_for_job call holds its answer open for
-as long as the agent asked (an hour at most). Each request acts as its own bearer key's user
+as long as the agent asked (15 minutes at most). Each request acts as its own bearer key's user
 by calling jobs-api with that key, at SFTQ_MCP_JOBS_API_URL (default
-$SUPABASE_URL/functions/v1/jobs-api). It holds no database connection and no session state,
-so any number of instances may answer. Under `sftq dev` the gateway serves the same app at
-/functions/v1/mcp (sftq_server.http.mcp).
+$SUPABASE_URL/functions/v1/jobs-api). It holds no session state, so any number of instances
+may answer; with DATABASE_URL it also applies the per-user limits to tool calls and waits
+(one short query each, no connection held while a wait waits). Under `sftq dev` the gateway
+serves the same app at /functions/v1/mcp (sftq_server.http.mcp).
 
 Any ASGI server can serve it as well: `uvicorn mcp_api:asgi_app --factory` (PYTHONPATH=functions).
 """
@@ -41,9 +42,19 @@ def _build() -> McpHttpApp:
 
     logs.configure()
     settings = Settings.from_env()
+    limits = None
+    if settings.database_url:
+        # With the database, tool calls count against their user's request rate and a
+        # wait holds one of the user's stream slots (http/user_limits.py); without it,
+        # jobs-api's own limits are all (docs/operations.md, Per-user limits).
+        from sftq_server.db import get_database
+        from sftq_server.http.user_limits import UserLimits
+
+        limits = UserLimits(get_database(settings.database_url, max_size=settings.db_pool_max,
+                                         timeout=settings.db_timeout_seconds))
     return McpHttpApp(jobs_api_url(), max_body_bytes=settings.max_body_bytes,
                       allowed_hosts=settings.mcp_allowed_hosts,
-                      public_url=os.environ.get("SUPABASE_URL", ""))
+                      public_url=os.environ.get("SUPABASE_URL", ""), limits=limits)
 
 
 _app = Lazy(_build)

@@ -147,6 +147,22 @@ def _parse_retry_after(value: str | None) -> float | None:
     return max(0.0, seconds)
 
 
+# 429s that a wait does not cure: the caller holds as many QUEUED jobs as the operator allows
+# (issue 52). Waiting for jobs to start, end or be cancelled is the caller's decision, so the
+# error goes straight back, where `rate_limited` and `too_many_streams` are retried after
+# their Retry-After like any 429.
+_LIMITS_NOT_RATES: Final = frozenset({"queue_limit"})
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    code = body.get("code") if isinstance(body, dict) else None
+    return code if isinstance(code, str) else None
+
+
 def _is_retryable_status(status: int) -> bool:
     # 501 means "this server will never do that": retrying cannot help.
     return status in (408, 429) or (500 <= status <= 599 and status != 501)
@@ -477,6 +493,8 @@ class Core:
     def retry_delay_for_response(self, response: httpx.Response, attempt: int) -> float | None:
         """Seconds to sleep before retrying, or None to stop and hand the response to finish()."""
         if attempt >= self.max_retries or not _is_retryable_status(response.status_code):
+            return None
+        if response.status_code == 429 and _error_code(response) in _LIMITS_NOT_RATES:
             return None
         retry_after = _parse_retry_after(response.headers.get("retry-after"))
         if retry_after is None:

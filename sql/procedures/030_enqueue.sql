@@ -144,6 +144,7 @@ BEGIN
     IF NOT FOUND THEN  -- disabled since the check above: as a batch, refused whole
         RAISE EXCEPTION USING ERRCODE = 'SQ401', MESSAGE = 'user not found or disabled';
     END IF;
+    PERFORM sftq._queue_limit_recheck(ARRAY[p_user_id]);  -- 195_user_limits.sql
     PERFORM sftq._event(v_id, v_created, 'user:' || v_name, 'queued', 'QUEUED',
                         CASE WHEN p_retry_of IS NOT NULL
                              THEN jsonb_build_object('retry_of', p_retry_of) END);
@@ -310,6 +311,7 @@ BEGIN
         IF v_updated < cardinality(v_owners) THEN
             RAISE EXCEPTION USING ERRCODE = 'SQ401', MESSAGE = 'user not found or disabled';
         END IF;
+        PERFORM sftq._queue_limit_recheck(v_owners);  -- 195_user_limits.sql
 
         -- Each new job's first event (queued; detail.retry_of for a retry).
         PERFORM sftq._event_many(v_ev_ids, v_ev_at, v_ev_by, 'queued', 'QUEUED', v_ev_det);

@@ -140,6 +140,7 @@ DECLARE
     v_user bigint := sftq._auth(p_key_hash);
     v_row  record;
 BEGIN
+    PERFORM sftq.user_limits_check(v_user, true);  -- SQ429, SQ4QL: 195_user_limits.sql
     SELECT * INTO v_row FROM sftq.retry_job(v_user, p_job_id, p_idempotency_key,
                                             p_default_queue_timeout);
     body := json_build_object('id', v_row.id, 'kind', v_row.kind, 'state', v_row.state,

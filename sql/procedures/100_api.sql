@@ -66,19 +66,28 @@ BEGIN
     -- arrived alone takes the single-job path (sftq._enqueue_one), as a lone enqueue did
     -- before batches (a UNION ALL of both paths behind one-time filters measured 20% more
     -- instructions for it than this branch).
+    -- The per-user limits first (sql/procedures/195_user_limits.sql): a refused request
+    -- enters the enqueue without a user, so nothing is written for it, and answers the
+    -- limit's error (lim.err_*[ord]) instead of the missing user's.
     IF cardinality(p_key_hashes) = 1 THEN
         RETURN QUERY
             SELECT e.ord, sftq._enqueue_body(e.id, e.kind, e.state, e.created_at, e.err_state),
-                   e.replayed, e.id, e.err_state, e.err_message, e.err_detail
-              FROM sftq._enqueue_one(sftq.authenticate(p_key_hashes[1]), p_kinds[1], p_payloads[1],
+                   e.replayed, e.id, COALESCE(lim.err_states[1], e.err_state),
+                   COALESCE(lim.err_messages[1], e.err_message),
+                   COALESCE(lim.err_details[1], e.err_detail)
+              FROM sftq.user_limits_take(ARRAY[sftq.authenticate(p_key_hashes[1])]) lim,
+                   sftq._enqueue_one(lim.user_ids[1], p_kinds[1], p_payloads[1],
                                      p_display_names[1], p_gpu_counts[1], p_idempotency_keys[1],
                                      p_queue_timeouts[1], NULL, p_default_queue_timeout, NULL) e;
         RETURN;
     END IF;
     RETURN QUERY
         SELECT e.ord, sftq._enqueue_body(e.id, e.kind, e.state, e.created_at, e.err_state),
-               e.replayed, e.id, e.err_state, e.err_message, e.err_detail
-          FROM sftq.enqueue_many(sftq.authenticate_many(p_key_hashes), p_kinds, p_payloads,
+               e.replayed, e.id, COALESCE(lim.err_states[e.ord], e.err_state),
+               COALESCE(lim.err_messages[e.ord], e.err_message),
+               COALESCE(lim.err_details[e.ord], e.err_detail)
+          FROM sftq.user_limits_take(sftq.authenticate_many(p_key_hashes)) lim,
+               sftq.enqueue_many(lim.user_ids, p_kinds, p_payloads,
                                  p_display_names, p_gpu_counts, p_idempotency_keys,
                                  p_queue_timeouts, NULL, p_default_queue_timeout) e;
 END
@@ -225,7 +234,7 @@ AS $$
 $$;
 
 COMMENT ON FUNCTION sftq.api_enqueue(bytea, text, jsonb, text, integer, text) IS 'POST /jobs. Authenticates, then sftq.enqueue; answers the 201 body and whether it was an idempotent replay.';
-COMMENT ON FUNCTION sftq.api_submit_many(bytea[], text[], jsonb[], text[], integer[], text[], integer[], integer) IS 'POST /jobs for several requests at once (group commit): sftq.authenticate_many, then sftq.enqueue_many; one row per request in the order given, with the 201 body and whether it replayed an Idempotency-Key, or the error that request gets (err_state: SQ400, SQ401, SQ419). Locking contract: as sftq.enqueue_many, after the key rows authenticate_many touches (never waited for).';
+COMMENT ON FUNCTION sftq.api_submit_many(bytea[], text[], jsonb[], text[], integer[], text[], integer[], integer) IS 'POST /jobs for several requests at once (group commit): sftq.authenticate_many, then sftq.enqueue_many; one row per request in the order given, with the 201 body and whether it replayed an Idempotency-Key, or the error that request gets (err_state: SQ400, SQ401, SQ419, or a per-user limit''s SQ429, SQ4QL). Locking contract: the key rows authenticate_many touches (never waited for), the callers'' sftq.user_rate rows (sftq.user_limits_take), then as sftq.enqueue_many.';
 COMMENT ON FUNCTION sftq.api_list_jobs(bytea, text, text, integer, text) IS 'GET /jobs. Authenticates, then one keyset page of sftq.list_jobs and the next cursor (NULL on the last page).';
 COMMENT ON FUNCTION sftq.api_get_job(bytea, uuid) IS 'GET /jobs/:id. SQ404 when not the caller''s.';
 COMMENT ON FUNCTION sftq.api_cancel_job(bytea, uuid) IS 'DELETE /jobs/:id, first half: sftq.cancel plus the job as it now is.';

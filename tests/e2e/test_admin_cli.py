@@ -148,6 +148,10 @@ def test_list_users_table_and_json(env: dict[str, str]) -> None:
         "LAST",
         "USED",
         "DISABLED",
+        "RPM",
+        "MAX",
+        "QUEUED",
+        "STREAMS",
     ]
     gina = next(row.split() for row in rows if row.startswith("gina "))
     assert gina[:5] == ["gina", "2", "0", "0", "1"]

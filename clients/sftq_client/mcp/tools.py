@@ -79,8 +79,12 @@ StateArg = Annotated[
     WithJsonSchema({"type": "string",
                     "pattern": _any_case("QUEUED", "PROGRESS", "SUCCESS", "FAIL", "CANCELLED"),
                     "description": "QUEUED, PROGRESS, SUCCESS, FAIL or CANCELLED, in any case"})]
-# Wait at most this long in one call; an agent that wants longer calls again.
+# The longest timeout_seconds accepted (older agents ask for up to an hour)...
 MAX_WAIT_SECONDS: Final = 3600.0
+# ...and the longest one call waits (issue 52): a wait holds one of its user's stream slots
+# and a connection, so it is bounded well under the hour; past it the call answers
+# timed_out=true and an agent that wants longer calls again.
+WAIT_CAP_SECONDS: Final = 900.0
 
 
 class ToolError(Exception):
@@ -172,7 +176,8 @@ class NoInput(_Input):
 class WaitForJobInput(_Input):
     job_id: JobId
     timeout_seconds: float = Field(default=60.0, gt=0, le=MAX_WAIT_SECONDS, description=(
-        "return after this many seconds at the latest, terminal or not (at most 3600)"))
+        "return after this many seconds at the latest, terminal or not (one call waits "
+        "900 at most, then answers timed_out: call again)"))
     poll_interval_seconds: float = Field(default=2.0, ge=0.2, le=60, description=(
         "seconds between the first looks at the job; backs off while nothing changes"))
 
@@ -281,13 +286,14 @@ def _describe(job: Job) -> str:
 
 async def _wait(client: AsyncClient, a: WaitForJobInput, progress: Progress) -> WaitResult:
     started = time.monotonic()
-    deadline = started + a.timeout_seconds
+    timeout = min(a.timeout_seconds, WAIT_CAP_SECONDS)
+    deadline = started + timeout
     last: Job | None = None
     delay = a.poll_interval_seconds
     try:
         # The whole wait, requests included, ends at the agent's timeout: a slow answer never
         # holds the call past it.
-        async with asyncio.timeout_at(asyncio.get_running_loop().time() + a.timeout_seconds):
+        async with asyncio.timeout_at(asyncio.get_running_loop().time() + timeout):
             job_id = await client.resolve_job_id(a.job_id)
             while True:
                 job = await client.get(job_id)
@@ -297,7 +303,7 @@ async def _wait(client: AsyncClient, a: WaitForJobInput, progress: Progress) -> 
                 else:
                     delay = min(delay * 1.5, 30.0)
                 last = job
-                await progress(elapsed, a.timeout_seconds, _describe(job))
+                await progress(elapsed, timeout, _describe(job))
                 if job.is_terminal:
                     return WaitResult(job=job, terminal=True, timed_out=False,
                                       waited_seconds=round(elapsed, 3))
@@ -305,7 +311,7 @@ async def _wait(client: AsyncClient, a: WaitForJobInput, progress: Progress) -> 
     except TimeoutError:
         if last is None:
             raise ToolError("timeout", f"no answer from the jobs-api within "
-                            f"{a.timeout_seconds:g}s") from None
+                            f"{timeout:g}s") from None
         return WaitResult(job=last, terminal=last.is_terminal, timed_out=True,
                           waited_seconds=round(time.monotonic() - started, 3))
 

@@ -107,6 +107,16 @@ def _cmd_admin(args: argparse.Namespace) -> int:
         elif args.admin_cmd == "set-cap":
             admin.set_cap(url, args.name, args.cap)
             print(f"{args.name} may now run {args.cap} job(s) at once")
+        elif args.admin_cmd == "set-limits":
+            if (args.name is None) == (not args.default):
+                print("error: give a user NAME or --default (not both)", file=sys.stderr)
+                return 2
+            changes = {k: admin.parse_limit(v) for k, v in (
+                ("rate_per_minute", args.rpm), ("max_queued", args.max_queued),
+                ("max_streams", args.max_streams)) if v is not None}
+            limits = admin.set_limits(url, args.name, changes)
+            who = "the default" if args.name is None else args.name
+            print(f"{who}: {limits.describe()}")
         elif args.admin_cmd in ("disable-user", "enable-user"):
             disabled = args.admin_cmd == "disable-user"
             status = admin.set_disabled(url, args.name, disabled)
@@ -209,8 +219,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = adm_sub.add_parser("revoke-key", help="revoke the active key starting with KEY_PREFIX")
     p.add_argument("key_prefix", metavar="KEY_PREFIX")
     _database_options(p)
-    p = adm_sub.add_parser("list-users", help="users with caps, job counts and keys")
+    p = adm_sub.add_parser("list-users",
+                           help="users with caps, job counts, keys and limits")
     p.add_argument("--json", action="store_true", help="print JSON")
+    _database_options(p)
+    from sftq_server.dev.admin import LIMITS_HELP
+
+    p = adm_sub.add_parser(
+        "set-limits",
+        help="set a user's (or the default) request rate, queued jobs and open streams",
+        description="Set the per-user limits of user NAME, or with --default those of every "
+        "user without their own. " + LIMITS_HELP,
+    )
+    p.add_argument("name", metavar="NAME", nargs="?")
+    p.add_argument("--default", action="store_true",
+                   help="set the defaults (every user without a limit of their own)")
+    p.add_argument("--rpm", metavar="N", help="requests a minute (0: none; default)")
+    p.add_argument("--max-queued", metavar="N", help="QUEUED jobs at once (0: none; default)")
+    p.add_argument("--max-streams", metavar="N",
+                   help="open streams and MCP waits at once (0: none; default)")
     _database_options(p)
     p = adm_sub.add_parser("set-cap", help="set how many jobs a user may run at once")
     p.add_argument("name", metavar="NAME")

@@ -61,6 +61,32 @@ class UnsupportedMediaType(SftqError):
     status, code = 415, "unsupported_media_type"
 
 
+class TooManyRequests(SftqError):
+    """A per-user limit (sql/procedures/195_user_limits.sql): `rate_limited`, `queue_limit`
+    or `too_many_streams`. The detail the procedure gave becomes the headers: Retry-After
+    when waiting helps, and for the rate the IETF httpapi draft's RateLimit-Policy and
+    RateLimit (docs/api.md, Limits)."""
+
+    status, code = 429, "rate_limited"
+
+    def __init__(self, message: str, *, code: str | None = None, detail: Any = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message, code=code, detail=detail, headers=headers)
+        if isinstance(detail, dict):
+            self.headers = {**limit_headers(detail), **self.headers}
+
+
+def limit_headers(detail: dict[str, Any]) -> dict[str, str]:
+    """Retry-After, RateLimit-Policy and RateLimit from a limit's detail (what is in it)."""
+    headers: dict[str, str] = {}
+    if isinstance(detail.get("retry_after"), int):
+        headers["Retry-After"] = str(detail["retry_after"])
+    if all(isinstance(detail.get(k), int) for k in ("limit", "window", "remaining", "reset")):
+        headers["RateLimit-Policy"] = f'"default";q={detail["limit"]};w={detail["window"]}'
+        headers["RateLimit"] = f'"default";r={detail["remaining"]};t={detail["reset"]}'
+    return headers
+
+
 class Unavailable(SftqError):
     status, code = 503, "unavailable"
 
@@ -84,6 +110,10 @@ _SQLSTATE: dict[str, tuple[type[SftqError], str]] = {
     "SQ461": (BadRequest, "dependency_cycle"),
     "SQ462": (BadRequest, "dependency_ended"),
     "SQ463": (BadRequest, "too_many_dependencies"),
+    # The per-user limits (issue 52, sql/procedures/195_user_limits.sql).
+    "SQ429": (TooManyRequests, "rate_limited"),
+    "SQ4QL": (TooManyRequests, "queue_limit"),
+    "SQ4SL": (TooManyRequests, "too_many_streams"),
 }
 
 

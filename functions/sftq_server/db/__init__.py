@@ -206,6 +206,18 @@ API_RETRY_JOB = "SELECT body::text, replayed, job_id FROM sftq.api_retry_job(%s,
 # After POST /jobs: what its pre-flight learned (warnings, cost, whether the provider answered).
 API_RECORD_PREFLIGHT = "SELECT sftq.api_record_preflight(%s, %s, %s, %s::jsonb, %s::jsonb)"
 
+# --- per-user limits (sql/procedures/195_user_limits.sql) ---------------------------
+# Authenticate + count one request against the caller's rate (POST /jobs:validate, MCP calls).
+API_RATE_TAKE = "SELECT sftq.api_rate_take(%s)"
+# Authenticate + record an open stream or wait (lease id, kind, ttl): SQ4SL over the limit.
+API_LEASE_TAKE = "SELECT sftq.api_lease_take(%s, %s, %s, %s)"
+# A process's open streams and waits, renewed (ids, ttl) / freed (ids).
+API_LEASES_RENEW = "SELECT sftq.api_leases_renew(%s::uuid[], %s)"
+API_LEASES_RELEASE = "SELECT sftq.api_leases_release(%s::uuid[])"
+# The operator's: set a user's limits (or the defaults: name NULL); list them.
+SET_USER_LIMITS = "SELECT sftq.set_user_limits(%s, %s, %s, %s, %s, %s, %s)"
+LIST_USER_LIMITS = "SELECT * FROM sftq.user_limits_list()"
+
 # --- admin -------------------------------------------------------------------------
 CREATE_USER = "SELECT sftq.create_user(%s)"
 ISSUE_KEY = "SELECT key, prefix FROM sftq.issue_key(%s)"

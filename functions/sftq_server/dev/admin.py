@@ -51,6 +51,10 @@ class UserRow:
     queued: int
     active_keys: int
     last_used_at: datetime | None
+    # The per-user limits in effect (0: none) and the ones set for this user alone; the
+    # user's open streams and MCP waits.
+    limits: Limits | None = None
+    open_streams: int = 0
 
     def as_json(self) -> dict[str, Any]:
         def iso(value: datetime | None) -> str | None:
@@ -67,7 +71,83 @@ class UserRow:
             "queued": self.queued,
             "active_keys": self.active_keys,
             "last_used_at": iso(self.last_used_at),
+            **(self.limits.as_json() if self.limits is not None else {}),
+            "open_streams": self.open_streams,
         }
+
+
+LIMIT_NAMES = ("rate_per_minute", "max_queued", "max_streams")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A user's limits in effect (or the defaults'): 0 means no limit. `own`: the ones set
+    for the user alone (the others follow the defaults)."""
+
+    rate_per_minute: int
+    max_queued: int
+    max_streams: int
+    own: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {"rate_per_minute": self.rate_per_minute, "max_queued": self.max_queued,
+                "max_streams": self.max_streams, "own_limits": list(self.own)}
+
+    def describe(self) -> str:
+        def one(name: str, value: int, unit: str, none: str) -> str:
+            text = none if value == 0 else f"{value} {unit}"
+            return text if name in self.own else f"{text} (default)"
+
+        return ", ".join((
+            one("rate_per_minute", self.rate_per_minute, "requests a minute", "no rate limit"),
+            one("max_queued", self.max_queued, "queued jobs at most", "no queue limit"),
+            one("max_streams", self.max_streams, "streams and waits at once",
+                "no stream limit")))
+
+
+# What `sftq admin set-limits` says of each limit: in its --help and in docs/cli.md.
+LIMITS_HELP = (
+    "Each limit is a whole number, 0 for no limit, or `default` to follow the deployment's "
+    "default again. --rpm: requests a minute of POST /jobs, POST /jobs:validate, retries and "
+    "MCP tool calls together (a burst of that many, refilled evenly; default 600); over it "
+    "429 rate_limited. --max-queued: QUEUED jobs at once (default: no limit); over it 429 "
+    "queue_limit. --max-streams: open SSE streams and MCP waits at once (default 10); over "
+    "it 429 too_many_streams. They take effect at the user's next request."
+)
+
+
+def parse_limit(raw: str) -> int | None:
+    """A limit from the command line: N (0: none) or `default` (None)."""
+    if raw.strip().lower() == "default":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise AdminError(f"a limit is a whole number (0: no limit) or 'default', not {raw!r}",
+                         EXIT_REJECTED) from None
+    if value < 0:
+        raise AdminError("a limit is 0 (no limit) or more", EXIT_REJECTED)
+    return value
+
+
+def set_limits(url: str, name: str | None, changes: dict[str, int | None]) -> Limits:
+    """Set some of a user's limits (name None: the defaults'); answer what is in effect."""
+    if not changes:
+        raise AdminError("nothing to set: give --rpm, --max-queued or --max-streams",
+                         EXIT_REJECTED)
+    with connect(url) as conn, conn.transaction():
+        conn.execute(db.SET_USER_LIMITS, (
+            name, *(changes.get(k) for k in LIMIT_NAMES), *(k in changes for k in LIMIT_NAMES)))
+        rows = conn.execute(db.LIST_USER_LIMITS).fetchall()
+    return next(_limits(r)[1] for r in rows if r[0] == name)
+
+
+def _limits(row: tuple[Any, ...]) -> tuple[str | None, Limits, int]:
+    name, rpm, queued, streams, rpm_default, queued_default, streams_default, open_ = row
+    own = tuple(k for k, default in zip(LIMIT_NAMES, (rpm_default, queued_default,
+                                                      streams_default), strict=True)
+                if not default)
+    return name, Limits(int(rpm), int(queued), int(streams), own), int(open_ or 0)
 
 
 def redact(url: str) -> str:
@@ -184,6 +264,8 @@ DISABLE_HELP = (
 def list_users(url: str) -> list[UserRow]:
     with connect(url) as conn:
         rows = conn.execute(db.LIST_USERS).fetchall()
+        limits = {name: (lim, open_) for name, lim, open_ in
+                  map(_limits, conn.execute(db.LIST_USER_LIMITS).fetchall())}
     return [
         UserRow(
             name=r[0],
@@ -194,6 +276,8 @@ def list_users(url: str) -> list[UserRow]:
             queued=int(r[5]),
             active_keys=int(r[6]),
             last_used_at=r[7],
+            limits=limits[r[0]][0] if r[0] in limits else None,
+            open_streams=limits[r[0]][1] if r[0] in limits else 0,
         )
         for r in rows
     ]
@@ -231,7 +315,16 @@ def format_table(users: list[UserRow]) -> str:
     def when(value: datetime | None) -> str:
         return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
-    header = ("NAME", "CAP", "RUNNING", "QUEUED", "KEYS", "CREATED", "LAST USED", "DISABLED")
+    def limit(u: UserRow, name: str) -> str:
+        # "-": no limit; "*": set for this user alone (else the deployment's default).
+        if u.limits is None:
+            return "?"
+        value = getattr(u.limits, name)
+        return ("-" if value == 0 else str(value)) + ("*" if name in u.limits.own else "")
+
+    # The limits come last: the columns before them keep their places for readers of old.
+    header = ("NAME", "CAP", "RUNNING", "QUEUED", "KEYS", "CREATED", "LAST USED", "DISABLED",
+              "RPM", "MAX QUEUED", "STREAMS")
     rows = [
         (
             u.name,
@@ -242,6 +335,9 @@ def format_table(users: list[UserRow]) -> str:
             when(u.created_at),
             when(u.last_used_at),
             when(u.disabled_at),
+            limit(u, "rate_per_minute"),
+            limit(u, "max_queued"),
+            f"{u.open_streams}/{limit(u, 'max_streams')}",
         )
         for u in users
     ]

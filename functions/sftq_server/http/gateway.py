@@ -111,7 +111,8 @@ class Gateway:
                     from sftq_server.http.mcp import make_wsgi_mcp
 
                     self._mcp = make_wsgi_mcp(self, JOBS_PREFIX, self.settings.max_body_bytes,
-                                              allowed_hosts=self.settings.mcp_allowed_hosts)
+                                              allowed_hosts=self.settings.mcp_allowed_hosts,
+                                              db=self._jobs.api.db)
         body: Iterable[bytes] = self._mcp(environ, start_response)
         return body
 

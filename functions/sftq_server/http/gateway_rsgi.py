@@ -274,7 +274,8 @@ class RsgiGateway:
 
             self._mcp = make_rsgi_mcp(
                 self.gateway, JOBS_PREFIX, self._max_body,
-                allowed_hosts=self.gateway.settings.mcp_allowed_hosts) or False
+                allowed_hosts=self.gateway.settings.mcp_allowed_hosts,
+                db=self._jobs.api.db) or False
         return self._mcp or None
 
     async def _submit(self, scope: Any, proto: Any) -> None:

@@ -35,6 +35,8 @@ from urllib.parse import urlsplit
 import httpx
 import pydantic_core
 
+from sftq_server.db import Database
+from sftq_server.http.user_limits import UserLimits, mcp_limits
 from sftq_server.http.web import StartResponse, WSGIApp, simple_app, status_line
 
 logger = logging.getLogger("sftq.mcp")
@@ -138,10 +140,13 @@ class McpHttpApp:
 
     def __init__(self, jobs_api_url: str, *, transport: httpx.AsyncBaseTransport | None = None,
                  max_body_bytes: int = 1_048_576, direct: bool = True,
-                 allowed_hosts: str = "", public_url: str = "") -> None:
+                 allowed_hosts: str = "", public_url: str = "",
+                 limits: UserLimits | None = None) -> None:
         from mcp.server.transport_security import TransportSecurityMiddleware
 
         self.jobs_api_url = jobs_api_url.rstrip("/")
+        # Per-user limits on tool calls and waits (http/user_limits.py); None: jobs-api's only.
+        self.limits = limits
         self.direct = direct
         self._dispatch: DirectDispatch | None = None
         self._transport = _SharedTransport(transport or httpx.AsyncHTTPTransport())
@@ -318,11 +323,17 @@ class McpHttpApp:
             await _parse_error(send, str(exc))
             return None
         rpc = _rpc_method(message)
-        streaming, plain = await self._start()
-        if _wants_progress(message):
-            await streaming.handle_request(scope, receive, send)
-        elif self._dispatch is None or not await self._dispatch.answer(scope, message, send):
-            await plain.handle_request(scope, receive, send)
+        async with mcp_limits(self.limits, key, rpc, message) as refusal:  # rate, wait slots
+            if refusal is not None:
+                await send({"type": "http.response.start", "status": 200, "headers": [
+                    *_JSON, (b"content-length", str(len(refusal)).encode())]})
+                await send({"type": "http.response.body", "body": refusal})
+                return rpc
+            streaming, plain = await self._start()
+            if _wants_progress(message):
+                await streaming.handle_request(scope, receive, send)
+            elif self._dispatch is None or not await self._dispatch.answer(scope, message, send):
+                await plain.handle_request(scope, receive, send)
         return rpc
 
     async def _key_accepted(self, key: str) -> bool | None:
@@ -710,7 +721,7 @@ def _scope(environ: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_wsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int, *,
-                  allowed_hosts: str = "") -> WSGIApp:
+                  allowed_hosts: str = "", db: Database | None = None) -> WSGIApp:
     """The MCP endpoint for the WSGI gateway, calling the gateway's own jobs-api in-process;
     503 when the mcp package is not installed."""
     try:
@@ -721,7 +732,8 @@ def make_wsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int, *,
                           "unavailable", [("Retry-After", "30")])
     app = McpHttpApp(f"http://sftq.internal{jobs_api_path}",
                      transport=InProcessTransport(gateway), max_body_bytes=max_body_bytes,
-                     allowed_hosts=allowed_hosts)
+                     allowed_hosts=allowed_hosts,
+                     limits=None if db is None else UserLimits(db))
     return WsgiMcp(app)
 
 
@@ -802,7 +814,7 @@ class RsgiMcp:
 
 
 def make_rsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int, *,
-                  allowed_hosts: str = "") -> Any:
+                  allowed_hosts: str = "", db: Database | None = None) -> Any:
     """The MCP endpoint for the RSGI gateway; None when the mcp package is not installed
     (the WSGI gateway's route then answers 503)."""
     try:
@@ -811,4 +823,5 @@ def make_rsgi_mcp(gateway: WSGIApp, jobs_api_path: str, max_body_bytes: int, *,
         return None
     return RsgiMcp(McpHttpApp(f"http://sftq.internal{jobs_api_path}",
                               transport=InProcessTransport(gateway),
-                              max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts))
+                              max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts,
+                              limits=None if db is None else UserLimits(db)))

@@ -25,6 +25,7 @@ import re
 import secrets
 import threading
 import time
+import uuid
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -128,6 +129,10 @@ class Stream:
         self._wake = asyncio.Event()
         self.done = False
         self.opened = time.monotonic()
+        # The row that counts this stream against its user's max_streams, in every process
+        # (sftq.user_leases): taken before it opens, renewed by the hub's refresh, freed when
+        # it ends.
+        self.lease = str(uuid.uuid4())
 
     # -- filled by the hub -------------------------------------------------------------
     def deliver(self, rows: Iterable[tuple[Row, bytes]]) -> None:
@@ -227,6 +232,9 @@ class StreamHub:
         self.queries = 0
         self.polls = 0
         self.frames = 0
+        # Leases of streams that ended, freed together by one task at a time.
+        self._to_release: list[str] = []
+        self._releasing: asyncio.Task[None] | None = None
 
     @property
     def open_streams(self) -> int:
@@ -247,9 +255,20 @@ class StreamHub:
             raise BadRequest(_BAD_LAST_EVENT_ID)
         stream = Stream(self, key_hash, job_id)
         stream.key_prefix = key_prefix
+        # The user's slot first: over max_streams this is the 429 too_many_streams, and a
+        # bad key the 401, before anything else is read.
+        await asyncio.to_thread(self.db.scalar, dbmod.API_LEASE_TAKE, (
+            key_hash, stream.lease, "stream", self.settings.watch_ttl_seconds))
         self._opening[key_hash] += 1
         try:
-            return await self._open(stream, key_hash, job_id, last_event_id)
+            opened = await self._open(stream, key_hash, job_id, last_event_id)
+        except BaseException:
+            self.release(stream.lease)
+            raise
+        else:
+            if opened.done:  # ended at once (a finished job's stream): it holds no slot
+                self.release(stream.lease)
+            return opened
         finally:
             self._opening[key_hash] -= 1
             if not self._opening[key_hash]:
@@ -301,11 +320,38 @@ class StreamHub:
 
     def detach(self, stream: Stream) -> None:
         streams = self.by_user.get(stream.user_id)
-        if streams is not None:
+        if streams is not None and stream in streams:
             streams.discard(stream)
             if not streams:
                 del self.by_user[stream.user_id]
+            self.release(stream.lease)
         self.unsynced.discard(stream)
+
+    # -- the streams' slots (sftq.user_leases) ---------------------------------------------
+    def release(self, lease: str) -> None:
+        """Free an ended stream's slot soon (a failed release expires with its TTL)."""
+        self._to_release.append(lease)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop: left to expire
+        if self._releasing is None or self._releasing.done():
+            self._releasing = loop.create_task(self._release_leases())
+
+    async def _release_leases(self) -> None:
+        while self._to_release:
+            leases, self._to_release = self._to_release, []
+            try:
+                await asyncio.to_thread(self.db.scalar, dbmod.API_LEASES_RELEASE, (leases,))
+            except Exception as exc:  # noqa: BLE001 - they expire with their TTL
+                logger.warning("could not free %d stream slots (%s); they expire",
+                               len(leases), exc)
+
+    async def _renew_leases(self) -> None:
+        leases = [s.lease for ss in self.by_user.values() for s in ss]
+        if leases:
+            await asyncio.to_thread(self.db.scalar, dbmod.API_LEASES_RENEW,
+                                    (leases, self.settings.watch_ttl_seconds))
 
     # -- polling -------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -344,6 +390,8 @@ class StreamHub:
         if hashes is not None:
             self._force_refresh = False
             self._next_refresh = now + self.settings.refresh_seconds
+            # The streams' slots live as long as this process refreshes them.
+            await self._renew_leases()
         self.polls += 1
         meta = json.loads(rows[0].data)
         horizon = int(meta["horizon"])
@@ -430,6 +478,9 @@ class StreamHub:
         for streams in list(self.by_user.values()):
             for s in list(streams):
                 s.close()
+        if self._releasing is not None:
+            with contextlib.suppress(Exception):
+                await self._releasing
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

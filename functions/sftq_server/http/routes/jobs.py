@@ -421,6 +421,10 @@ class JobsApi:
         key_hash = authenticate(request)
         check_json_content_type(request)
         req, _ = parse_submit(request.read_body(self.max_body))
+        # The key checked and one request counted against the caller's rate (429
+        # rate_limited over it) before any provider lookup: a loop of validates cannot
+        # spend what the other users and the tick need.
+        self.db.scalar(dbmod.API_RATE_TAKE, (key_hash,))
         report = check_shape(req.kind, req.fireworks_payload)
         errors, warnings = list(report.errors), list(report.warnings)
         cost: Any = None
