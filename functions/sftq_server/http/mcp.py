@@ -323,11 +323,11 @@ class McpHttpApp:
             await _parse_error(send, str(exc))
             return None
         rpc = _rpc_method(message)
-        async with mcp_limits(self.limits, key, rpc, message) as refusal:  # rate, wait slots
-            if refusal is not None:
+        async with mcp_limits(self.limits, key, rpc, message) as limited:  # rate, wait slots
+            if limited is not None:
                 await send({"type": "http.response.start", "status": 200, "headers": [
-                    *_JSON, (b"content-length", str(len(refusal)).encode())]})
-                await send({"type": "http.response.body", "body": refusal})
+                    *_JSON, (b"content-length", str(len(limited)).encode())]})
+                await send({"type": "http.response.body", "body": limited})
                 return rpc
             streaming, plain = await self._start()
             if _wants_progress(message):
