@@ -192,7 +192,8 @@ def test_an_edited_procedure_exports_only_itself_and_the_grants(sql_copy: Path,
         len((sql_copy / g).read_text().splitlines()) for g in grants)
     whole = sum(len(p.read_text().splitlines()) for sub in ("procedures", "views", "grants")
                 for p in (sql_copy / sub).glob("*.sql"))
-    assert len(text.splitlines()) < own + 100 < whole / 4
+    # The bookkeeping is counted per file shipped: each new grants file adds its own few.
+    assert len(text.splitlines()) < own + 8 * len(shipped) < whole / 4
     # The manifest now holds the edited file's checksum: nothing more to write.
     assert not migrate.export_supabase(sql_copy, out, check=True).changed
 
