@@ -142,6 +142,9 @@ def test_after_refusals(api: Api, alice: str, bob: str) -> None:
     assert "at most 20" in assert_error(resp, 400, "too_many_dependencies")["error"]
     assert_error(api.submit(alice, after=["not-an-id"]), 400, "validation_error")
     assert_error(api.submit(alice, after=mine), 400, "validation_error")
+    # A NUL in an id (found by the noisy-neighbour test): a 400, never the database's 500.
+    assert "NUL" in assert_error(api.submit(alice, after=[mine[:8] + "\x00"]), 400,
+                                 "validation_error")["error"]
     api.delete(f"/jobs/{mine}", alice)
     assert_error(api.submit(alice, after=[mine]), 400, "dependency_ended")
     # Nothing was enqueued by a refusal: alice has her one cancelled job.

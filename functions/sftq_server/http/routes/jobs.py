@@ -151,7 +151,7 @@ def parse_submit(body: bytes, check: bool = True) -> tuple[SubmitRequest, str]:
         raise BadRequest("request body is not valid JSON: NaN, Infinity and out-of-range numbers "
                          "are not allowed", code="invalid_json") from None
     # PostgreSQL text and jsonb cannot hold U+0000; only a body that spells it needs the walk.
-    if b"\\u0000" in body and (_has_nul(req.fireworks_payload)
+    if b"\\u0000" in body and (_has_nul(req.fireworks_payload) or _has_nul(req.after)
                                 or "\x00" in (req.display_name or "")):
         raise BadRequest("strings must not contain the NUL character (\\u0000)")
     return req, payload
