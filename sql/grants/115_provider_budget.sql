@@ -12,3 +12,5 @@ GRANT EXECUTE ON FUNCTION
     sftq.provider_budget_flush(jsonb, jsonb, timestamptz),
     sftq.provider_lookups_get(text[], float8, timestamptz)
 TO sftq_api, sftq_scheduler;
+
+GRANT EXECUTE ON FUNCTION sftq.provider_budget_usage(integer, timestamptz) TO sftq_scheduler;

@@ -3,14 +3,18 @@
 -- A definite "does not exist" ends the job FAIL permanent while it is still QUEUED, without
 -- ever reaching the provider; anything doubtful is kept as a warning on the job.
 
-CREATE OR REPLACE FUNCTION sftq.preflight_work(p_limit integer DEFAULT 20,
-                                               p_retry_after interval DEFAULT interval '60 seconds',
-                                               p_now timestamptz DEFAULT now())
-RETURNS TABLE (job_id uuid, kind text, fireworks_payload jsonb, gpu_count integer)
+-- The owner joined the answer (issue 52): the tick checks a job on its owner's share of the
+-- lookups. The return type changed, so the old function goes first.
+DROP FUNCTION IF EXISTS sftq.preflight_work(integer, interval, timestamptz);
+CREATE FUNCTION sftq.preflight_work(p_limit integer DEFAULT 20,
+                                    p_retry_after interval DEFAULT interval '60 seconds',
+                                    p_now timestamptz DEFAULT now())
+RETURNS TABLE (job_id uuid, kind text, fireworks_payload jsonb, gpu_count integer,
+               user_id bigint)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT j.id, j.kind, j.fireworks_payload, j.gpu_count
+    SELECT j.id, j.kind, j.fireworks_payload, j.gpu_count, j.user_id
       FROM sftq.jobs j
      WHERE j.state = 'QUEUED' AND j.preflight_checked_at IS NULL
        AND (j.preflight_tried_at IS NULL OR j.preflight_tried_at <= p_now - p_retry_after)
@@ -18,7 +22,7 @@ AS $$
      LIMIT greatest(p_limit, 0)
 $$;
 COMMENT ON FUNCTION sftq.preflight_work(integer, interval, timestamptz) IS
-    'The QUEUED jobs whose provider checks are still to do, oldest first (the nearest the head first), at most p_limit; a job tried without an answer waits p_retry_after before it is tried again. Reads only.';
+    'The QUEUED jobs whose provider checks are still to do, oldest first (the nearest the head first), at most p_limit, each with its owner (whose share of the provider budget its lookups draw on); a job tried without an answer waits p_retry_after before it is tried again. Reads only.';
 
 CREATE OR REPLACE FUNCTION sftq.record_preflight(
     p_job_id          uuid,

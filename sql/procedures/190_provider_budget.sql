@@ -227,3 +227,18 @@ AS $$
 $$;
 COMMENT ON FUNCTION sftq.provider_backoff_until(timestamptz) IS
     'When the provider''s last Retry-After ends (a 429 that any process met, or that a recent tick recorded), NULL when none is running: until then a tick makes no provider call, and sftq.provider_budget_take grants none. Reads only.';
+
+CREATE OR REPLACE FUNCTION sftq.provider_budget_usage(p_window_seconds integer DEFAULT 60,
+                                                      p_now timestamptz DEFAULT now())
+RETURNS TABLE (total integer, tick integer, lookup integer)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(sum(u.n), 0)::integer,
+           coalesce(sum(u.n) FILTER (WHERE u.class = 'tick'), 0)::integer,
+           coalesce(sum(u.n) FILTER (WHERE u.class = 'lookup'), 0)::integer
+      FROM sftq.provider_budget_use u
+     WHERE u.second >= floor(extract(epoch FROM p_now))::bigint - greatest(p_window_seconds, 1) - 1
+$$;
+COMMENT ON FUNCTION sftq.provider_budget_usage(integer, timestamptz) IS
+    'The provider calls granted in the window sftq.provider_budget_take counts (the last p_window_seconds + 1 seconds): all of them, the tick''s (and cancels''), and users'' lookups. Early ticks and reconcile passes go only while the tick''s part leaves room in its reserve for the periodic tick (sftq_server.scheduler.wake). Reads only; no locks.';

@@ -489,3 +489,47 @@ def test_a_cancels_stop_is_counted_as_source_cancel(serve: Any, key: str, db_url
     counts = _provider_requests(base)
     assert counts[("cancel", "delete_job", "200")] == 1, counts
     assert sum(counts.values()) == len(sim.simulator.requests())
+
+
+# -- the tick's own share (the noisy-neighbour test's findings) --------------------------------
+
+
+def test_the_ticks_pre_flight_spends_the_owners_share_not_the_ticks_reserve(
+        serve: Any, key: str, db_url: str, sim: SimulatorServer) -> None:
+    """A job whose lookups were not made at enqueue is checked by the tick on its owner's share
+    of the lookups: a user who spent theirs (or whose many jobs wait unchecked) cannot make the
+    tick spend its reserve on them."""
+    base = serve(preflight_budget_ms=0.0)  # every check is left to the tick
+    answer = post(base, key, {"kind": "SFT", "fireworks_payload": SFT})
+    assert answer.status_code == 201, answer.text
+    result = tick(db_url, sim)
+    assert result["status"] == "ok" and result["preflight_checked"] == 1, result
+    by_class = dict(sql(db_url, "SELECT class, sum(n)::int FROM sftq.provider_budget_use "
+                                "GROUP BY class"))
+    # The dataset and the model (and SFT's cost) went on alice's share; the tick's class holds
+    # only its own calls (the quota, the create, the second quota reading).
+    (owner,) = sql(db_url, "SELECT int8send(user_id) FROM sftq.jobs")[0]
+    mine = sql(db_url, "SELECT sum(n)::int FROM sftq.provider_budget_use "
+                       "WHERE class = 'lookup' AND user_key = %s", owner)[0][0]
+    assert mine == by_class["lookup"] >= 2, by_class
+    assert by_class["tick"] <= 3, by_class
+
+
+def test_a_budget_the_tick_cannot_spend_defers_its_calls_without_an_error(
+        serve: Any, key: str, db_url: str, sim: SimulatorServer) -> None:
+    """At a low FIREWORKS_RPM the budget may have no slot left for the tick: the calls it
+    could not make are not sent, noted (budget_deferred), never an error, a 429 or a hold;
+    an admitted job's create waits for the next tick without losing an attempt."""
+    base = serve()
+    post(base, key, {"kind": "SFT", "fireworks_payload": SFT, "validate": "off"})
+    # The window full of the tick's own calls, as if earlier ticks had spent them all.
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO sftq.provider_budget_use (second, class, n) "
+                     "VALUES (floor(extract(epoch FROM now()))::bigint, 'tick', 60)")
+    result = tick(db_url, sim, fireworks_rpm=60)
+    assert result["status"] == "ok", result
+    assert result["budget_deferred"] >= 1 and result["notes"], result
+    assert result["provider_backoff_until"] is None and not result["errors"], result
+    assert sim.simulator.requests() == []
+    (until,) = sql(db_url, "SELECT sftq.provider_backoff_until()")[0]
+    assert until is None

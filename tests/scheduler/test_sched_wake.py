@@ -417,6 +417,41 @@ def test_what_is_due(state: WakeState, due: str | None) -> None:
     assert plan_for().due(state) == due
 
 
+def test_early_passes_leave_the_periodic_tick_its_part_of_the_reserve() -> None:
+    """At FIREWORKS_RPM=60 the tick's reserve is 30 calls a minute: early passes stop once
+    the tick has made 12 (two early passes' worth and a third of the reserve stay free for
+    the periodic tick, whatever users' lookups take meanwhile)."""
+    plan = plan_for(fireworks_rpm=60)
+    assert plan.reserve_calls == 30
+    woken = WakeState(0.2, 60.0, True, True, tick_calls=12)
+    assert plan.budget_room(woken) and plan.due(woken) == "wake"
+    spent = dataclasses.replace(woken, tick_calls=13)
+    assert not plan.budget_room(spent) and plan.due(spent) is None
+    assert plan.due(dataclasses.replace(spent, wake_age=None)) is None  # no reconcile pass
+    # No budget to read: the gaps alone pace early passes, as before.
+    assert plan.due(dataclasses.replace(woken, tick_calls=None)) == "wake"
+    # At 6,000 a minute the room is never what stops them.
+    assert plan_for().budget_room(dataclasses.replace(woken, tick_calls=1500))
+
+
+def test_scheduler_tick_refuses_an_early_pass_the_reserve_cannot_spare(
+        conn: Conn, settings: Settings, database: Database, make_provider: Any) -> None:
+    low = dataclasses.replace(settings, fireworks_rpm=60)
+    app = make_tick_app(low, db=database, provider_factory=make_provider)
+    try:
+        conn.execute("INSERT INTO sftq.provider_budget_use (second, class, n) "
+                     "VALUES (floor(extract(epoch FROM now()))::bigint, 'tick', 20)")
+        uid = create_user(conn, "ann")
+        enqueue(conn, uid, "SFT")
+        status, body = post(app, b'{"wake": true}')
+        assert status == 200 and body["status"] == "skipped", body
+        assert "reserve" in body["reason"], body
+        status, body = post(app, b"{}")  # the periodic tick runs regardless
+        assert status == 200 and body["status"] == "ok", body
+    finally:
+        app.close()
+
+
 def test_the_off_switch_plans_no_woken_tick() -> None:
     assert plan_for(event_admission=False).due(WakeState(0.2, 5.0, True, False)) is None
     assert plan_for(event_admission=False).due(WakeState(0.2, 12.0, True, True)) == "reconcile"

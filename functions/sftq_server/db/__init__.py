@@ -250,6 +250,9 @@ PROVIDER_BUDGET_HOLD = "SELECT sftq.provider_budget_hold(%s, %s::jsonb, %s::json
 PROVIDER_BUDGET_FLUSH = "SELECT sftq.provider_budget_flush(%s::jsonb, %s::jsonb)"
 # What any process learned of these resources within the TTL: {name: [verdict, detail]}.
 PROVIDER_LOOKUPS_GET = "SELECT sftq.provider_lookups_get(%s::text[], %s)::text"
+# The provider calls granted in the budget's window, all, the tick's and lookups' (190): early
+# ticks and reconcile passes go only while the tick's reserve has room for the periodic tick.
+PROVIDER_BUDGET_USAGE = "SELECT total, tick, lookup FROM sftq.provider_budget_usage()"
 
 def connect_kwargs() -> dict[str, Any]:
     """Connection options that work behind a transaction-mode pooler. TCP keepalives make a

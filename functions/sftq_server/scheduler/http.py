@@ -193,6 +193,10 @@ class TickApp:
 
         plan = WakePlan.from_settings(self.settings)
         state = WakeState.read(self._database())
+        if not plan.budget_room(state):
+            return (f"the tick has made {state.tick_calls} provider calls in the last minute, "
+                    f"of its reserve of {plan.reserve_calls} (SFTQ_PROVIDER_TICK_RESERVE of "
+                    "FIREWORKS_RPM): the rest is kept for the periodic tick, which admits")
         if pass_ == "wake":
             if not plan.event_admission:
                 return ("event admission is off (SFTQ_EVENT_ADMISSION=off): admission runs at "

@@ -40,6 +40,11 @@ if TYPE_CHECKING:
 EARLY_TICK_CALLS = 4
 # What a reconcile pass costs: a listing page per kind with running jobs.
 RECONCILE_CALLS = 3
+# Early ticks and passes spend the tick's reserve only while it keeps this part of itself
+# free for the periodic tick (whatever users' lookups do meanwhile, the reserve is the
+# tick's): with FIREWORKS_RPM=60 and half of it reserved, early passes stop once the tick has
+# made 12 calls in the last minute, and the 30 s tick still finds 18.
+PERIODIC_SHARE = 1 / 3
 # How often `sftq ticker` reads the wake flag.
 POLL_SECONDS = 0.25
 # scheduler-tick waits at most this long before a woken tick; a longer gap (a very low
@@ -68,20 +73,30 @@ def reconcile_interval(settings: Settings) -> float:
 
 @dataclass(frozen=True)
 class WakeState:
-    """One read of sftq.admission_wake_state(): ages on the database's clock."""
+    """One read of sftq.admission_wake_state(): ages on the database's clock; and the calls
+    the tick made in the provider budget's window (None: no budget to read)."""
 
     wake_age: float | None
     last_tick_age: float | None
     lease_free: bool
     has_running: bool
+    tick_calls: int | None = None
 
     @classmethod
     def read(cls, db: Database) -> WakeState:
+        from sftq_server.core.errors import SftqError
+
         row = db.fetchone(sql.ADMISSION_WAKE_STATE)
+        try:
+            used = db.fetchone(sql.PROVIDER_BUDGET_USAGE)
+        except SftqError:
+            used = None  # no budget to read: early passes are paced by the gaps alone
+        tick_calls = None if used is None else int(used[1])
         if row is None:  # the function always answers one row
-            return cls(None, None, True, False)
+            return cls(None, None, True, False, tick_calls)
         return cls(None if row[0] is None else float(row[0]),
-                   None if row[1] is None else float(row[1]), bool(row[2]), bool(row[3]))
+                   None if row[1] is None else float(row[1]), bool(row[2]), bool(row[3]),
+                   tick_calls)
 
 
 @dataclass(frozen=True)
@@ -91,16 +106,31 @@ class WakePlan:
     event_admission: bool
     gap: float
     reconcile_every: float
+    # The tick's reserve of FIREWORKS_RPM in calls a minute (0: no limit known).
+    reserve_calls: int = 0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WakePlan:
+        share = min(1.0, max(0.0, settings.provider_tick_reserve))
         return cls(settings.event_admission, early_tick_gap(settings),
-                   reconcile_interval(settings))
+                   reconcile_interval(settings), int(settings.fireworks_rpm * share))
+
+    def budget_room(self, state: WakeState) -> bool:
+        """Whether an early pass leaves the periodic tick its part of the reserve: the tick's
+        calls in the last minute, plus two early passes' worth, plus PERIODIC_SHARE of the
+        reserve, fit in the reserve. Users' lookups never take the reserve, so what is left
+        of it is the periodic tick's however hard users look things up."""
+        if state.tick_calls is None or self.reserve_calls <= 0:
+            return True
+        keep = math.ceil(self.reserve_calls * PERIODIC_SHARE)
+        return state.tick_calls + 2 * EARLY_TICK_CALLS + keep <= self.reserve_calls
 
     def due(self, state: WakeState) -> Pass | None:
         """The pass to fire now, if any: a woken tick first, then a reconcile pass."""
         if not state.lease_free:
             return None  # a tick runs; what it leaves pending is seen once it ends
+        if not self.budget_room(state):
+            return None  # the periodic tick admits: it keeps its part of the reserve
         since = math.inf if state.last_tick_age is None else state.last_tick_age
         if self.event_admission and state.wake_age is not None and since >= self.gap:
             return "wake"

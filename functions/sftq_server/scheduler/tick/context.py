@@ -27,6 +27,7 @@ from sftq_server.core.settings import Settings
 from sftq_server.db import Database
 from sftq_server.provider import (
     AuthError,
+    BudgetSpent,
     FireworksClient,
     ProviderError,
     ProviderJob,
@@ -52,6 +53,8 @@ TERMINAL = frozenset({"SUCCESS", "FAIL", "CANCELLED"})
 NOT_ATTEMPTED = "not attempted: the provider failed several calls in a row"
 AUTH_REFUSED = "not attempted: the provider refused our credentials (401/403 on the account)"
 RATE_LIMITED = "not attempted: the provider is rate limiting us"
+BUDGET_DEFERRED = ("not attempted: the deployment's provider budget (FIREWORKS_RPM, shared by "
+                   "every process) had no slot left this tick; the next tick sends the create")
 NO_QUOTA_READING = ("not attempted: no quota reading this tick, so nothing shows the job still "
                     "fits; the create is sent once a reading does")
 
@@ -244,6 +247,10 @@ class Tick:
     preflight_checked: int = 0
     # The end of a 429's Retry-After (epoch seconds) this tick met or started inside.
     backoff_until: float | None = None
+    # Calls the deployment's provider budget had no slot for (not sent; the next tick makes
+    # them): normal operation at a low FIREWORKS_RPM, noted, not an error.
+    budget_deferred: int = 0
+    notes: list[str] = field(default_factory=list)
     # Per-job faults (Tick.job): what the answer lists, the jobs with a run of faults going
     # when the tick began, and the jobs this tick handled without a fault, or with one.
     job_errors: list[dict[str, Any]] = field(default_factory=list)
@@ -368,6 +375,18 @@ class Tick:
     def provider_failed(self, exc: ProviderError, what: str) -> None:
         """Record a failed call; stop calling the provider once it looks down, or at once
         when it asks us to slow down (429)."""
+        if isinstance(exc, BudgetSpent):
+            # Not sent, and no answer of the provider's: the budget every process shares has
+            # no slot for the tick now. No Retry-After to keep and nothing failed; the rest
+            # of this tick's calls wait for the next tick, which is the retry.
+            self.budget_deferred += 1
+            if len(self.notes) < MAX_ERRORS:
+                self.notes.append(short(f"{what}: {exc}"))
+            if not self.provider_down:
+                self.provider_down = True
+                self.notes.append("provider budget: no slot left for the tick; no more "
+                                  "provider calls this tick")
+            return
         self.error(f"{what}: {exc}")
         if isinstance(exc, RateLimited):
             self.rate_limited(exc)
@@ -431,6 +450,8 @@ class Tick:
             return AUTH_REFUSED
         if self.backoff_until is not None:
             return short(f"{RATE_LIMITED}: the create is sent once its Retry-After ends")
+        if self.budget_deferred:
+            return BUDGET_DEFERRED
         return NOT_ATTEMPTED
 
     # -- result -------------------------------------------------------------------------
@@ -470,6 +491,8 @@ class Tick:
             "usage_counted_gpus": self.usage_counted_gpus,
             "errors": errors,
             "job_errors": list(self.job_errors),
+            "budget_deferred": self.budget_deferred,
+            "notes": list(self.notes),
             "provider_calls": provider_calls,
             "duration_ms": duration_ms,
         }

@@ -5,7 +5,9 @@ head first; a job whose dataset, evaluator or model does not exist ends FAIL bef
 
 from __future__ import annotations
 
+import contextlib
 import json
+import struct
 import uuid
 from typing import Any
 
@@ -25,11 +27,25 @@ def preflight(tick: Tick, work: list[Work]) -> None:
     if not rows:
         return
     cache: dict[str, tuple[str, str]] = {}
-    for job_id, kind, payload, gpu_count in rows:
+    for job_id, kind, payload, gpu_count, user_id in rows:
         tick.lease.keep()
         tick.check_provider()
-        with tick.job(job_id, "preflight", kind, payload):
+        with tick.job(job_id, "preflight", kind, payload), _as_owner(tick, user_id):
             _check_one(tick, job_id, kind, dict(payload or {}), gpu_count, cache)
+
+
+def _as_owner(tick: Tick, user_id: int) -> contextlib.AbstractContextManager[None]:
+    """The lookups of one waiting job draw on its owner's share of the provider budget
+    (source preflight), never on the tick's reserve: a user whose checks could not be made at
+    enqueue (their share was spent) pays for them now, not everybody's admission. When the
+    share is still spent the job is simply tried again later."""
+    acting_for = getattr(tick.provider.budget, "acting_for", None)
+    if acting_for is None:
+        return contextlib.nullcontext()
+    # The budget keys a user's share by the user's id as 8 bytes (int8send in SQL).
+    ctx: contextlib.AbstractContextManager[None] = acting_for(
+        "preflight", struct.pack(">q", int(user_id)))
+    return ctx
 
 
 def _check_one(tick: Tick, job_id: uuid.UUID, kind: str, payload: dict[str, Any],

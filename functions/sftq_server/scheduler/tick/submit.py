@@ -17,6 +17,7 @@ from sftq_server.provider import (
     KIND_COLLECTION,
     AlreadyExists,
     AuthError,
+    BudgetSpent,
     ProviderError,
     ProviderJob,
     RateLimited,
@@ -26,6 +27,7 @@ from sftq_server.provider import (
 from sftq_server.provider import NotFound as ProviderNotFound
 from sftq_server.scheduler.tick.cancels import stop_and_complete
 from sftq_server.scheduler.tick.context import (
+    BUDGET_DEFERRED,
     NO_QUOTA_READING,
     RATE_LIMITED,
     ProviderDown,
@@ -166,7 +168,8 @@ def submit(tick: Tick, job_id: uuid.UUID, kind: str, payload: dict[str, Any],
         return
     except RateLimited as exc:
         # Not an attempt: the job keeps its place, its id and every attempt it had.
-        tick.db.scalar(sql.RECORD_SUBMIT_SKIPPED, (job_id, short(f"{RATE_LIMITED}: {exc}")))
+        why = BUDGET_DEFERRED if isinstance(exc, BudgetSpent) else f"{RATE_LIMITED}: {exc}"
+        tick.db.scalar(sql.RECORD_SUBMIT_SKIPPED, (job_id, short(why)))
         tick.provider_failed(exc, f"submit {job_id}")
         return
     except ProviderError as exc:
