@@ -62,6 +62,8 @@ _BEARER_RE: Final = re.compile(r"Bearer\s+(sftq_[A-Za-z0-9_\-]{1,200})\s*", re.I
 # Clients kept, one per recent key (each holds only its settings: the pool is shared).
 CLIENT_CACHE: Final = 256
 _JSON: Final = [(b"content-type", b"application/json")]
+# Threads the endpoint's loop hands blocking database calls to, at most.
+IO_THREADS: Final = 4
 
 
 def transport_security(allowed_hosts: str = "", public_url: str = "") -> Any:
@@ -560,6 +562,10 @@ class WsgiMcp:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
+                # The database calls the loop hands off (the per-user limits' takes and wait
+                # slots) run on a few named threads: a fixed bound, however many requests.
+                loop.set_default_executor(ThreadPoolExecutor(
+                    max_workers=IO_THREADS, thread_name_prefix="sftq-mcp-io"))
                 thread = threading.Thread(target=loop.run_forever, name="sftq-mcp-loop",
                                           daemon=True)
                 thread.start()

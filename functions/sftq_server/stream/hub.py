@@ -66,6 +66,8 @@ STREAM_HEADERS: tuple[tuple[str, str], ...] = (
     # nginx and some other proxies buffer responses unless told not to.
     ("X-Accel-Buffering", "no"),
 )
+# Threads the stream loop hands blocking database calls to, at most.
+IO_THREADS = 4
 PING = b": ping\n\n"
 # Sent first, so the response's headers go out at once even when nothing is to say yet (a
 # server sends them with the first body bytes): a reader then knows it is connected instead
@@ -620,6 +622,10 @@ class WsgiStreams:
         with self._lock:
             if self._loop is None or self._hub is None:
                 loop = asyncio.new_event_loop()
+                # The hub's database reads and stream leases run on a few named threads: a
+                # fixed bound, however many streams are open.
+                loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
+                    max_workers=IO_THREADS, thread_name_prefix="sftq-stream-io"))
                 thread = threading.Thread(target=loop.run_forever, name="sftq-stream-loop",
                                           daemon=True)
                 thread.start()
