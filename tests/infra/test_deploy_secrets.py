@@ -164,9 +164,11 @@ def test_no_secret_in_the_server_log_or_on_a_command_line(logged_cluster: LocalC
         stored = conn.execute("SELECT secret FROM vault.secrets WHERE name = 'sftq_tick_secret'"
                               ).fetchall()
         assert stored == [(TICK_SECRET,)]
-        # Both jobs (the tick's and the webhook deliveries') read it from Vault when they fire.
+        # Every job (the tick's, its reconcile passes' and the webhook deliveries') reads it
+        # from Vault when it fires.
         commands = dict(conn.execute("SELECT jobname, command FROM cron.job").fetchall())
-        assert set(commands) == {"sftq-scheduler-tick", "sftq-webhooks-deliver"}
+        assert set(commands) == {"sftq-scheduler-tick", "sftq-scheduler-reconcile",
+                                 "sftq-webhooks-deliver"}
         assert not any(secret in c for c in commands.values() for secret in SECRETS)
         members = dict(conn.execute(
             "SELECT m.rolname, g.rolname FROM pg_auth_members a "
