@@ -1,0 +1,200 @@
+"""Traces: CSV and JSON lines, seconds and ISO times, external usage, `after`, and errors
+that name the line, the column and what to fix (never a traceback)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from sftq_server.simulate.trace import (
+    ExternalUsage,
+    Trace,
+    TraceError,
+    TraceJob,
+    load_trace,
+    write_trace,
+)
+
+HEADER = "id,submit_at,user,kind,gpu_count,run_seconds,outcome,outcome_at,after\n"
+
+
+def write(tmp_path: Path, text: str, name: str = "t.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def error(path: Path) -> TraceError:
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    return info.value
+
+
+def test_csv_with_seconds_sorts_by_submit_then_file_order(tmp_path: Path) -> None:
+    path = write(tmp_path, "# made by hand\n" + HEADER +
+                 "b,60,bob,dpo,2,120,,,\n"
+                 "a,0,ana,SFT,1,3600,FAIL,30,\n"
+                 "\n"
+                 "c,60,cy,RFT,8,10.5,CANCELLED,,a;b\n")
+    trace = load_trace(path)
+    assert [job.id for job in trace.jobs] == ["a", "b", "c"]
+    assert trace.jobs[0] == TraceJob(id="a", submit_at=0.0, user="ana", kind="SFT",
+                                     gpu_count=1, run_seconds=3600.0, outcome="FAIL",
+                                     outcome_at=30.0, after=())
+    assert trace.jobs[1].kind == "DPO" and trace.jobs[1].outcome == "SUCCESS"
+    assert trace.jobs[2].after == ("a", "b")
+    assert trace.jobs[2].outcome == "CANCELLED" and trace.jobs[2].outcome_at is None
+    assert trace.external == ()
+
+
+def test_without_an_id_column_jobs_are_named_by_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "submit_at,user,kind,gpu_count,run_seconds\n0,ana,SFT,1,60\n"
+                           "5,bob,SFT,2,60\n")
+    assert [job.id for job in load_trace(path).jobs] == ["L2", "L3"]
+
+
+def test_iso_times_count_from_the_earliest_or_the_given_start(tmp_path: Path) -> None:
+    path = write(tmp_path, "submit_at,user,kind,gpu_count,run_seconds\n"
+                           "2024-05-01T10:00:00Z,ana,SFT,1,60\n"
+                           "2024-05-01T09:00:00+00:00,bob,SFT,1,60\n"
+                           "2024-05-01T12:30:00+02:00,cy,SFT,1,60\n")
+    trace = load_trace(path)
+    assert [(job.user, job.submit_at) for job in trace.jobs] == [
+        ("bob", 0.0), ("ana", 3600.0), ("cy", 5400.0)]
+    started = load_trace(path, start=datetime(2024, 5, 1, 8, tzinfo=UTC))
+    assert [job.submit_at for job in started.jobs] == [3600.0, 7200.0, 9000.0]
+    with pytest.raises(TraceError, match="line 3, column 'submit_at'.*before the start"):
+        load_trace(path, start=datetime(2024, 5, 1, 9, 30, tzinfo=UTC))
+
+
+def test_jsonl_with_after_as_a_list_and_external_usage(tmp_path: Path) -> None:
+    lines = [
+        {"id": "p", "submit_at": 0, "user": "ana", "kind": "SFT", "gpu_count": 4,
+         "run_seconds": 100},
+        {"submit_at": 50, "kind": "EXTERNAL", "gpu_count": 16},
+        {"id": "q", "submit_at": "2", "user": "ana", "kind": "RFT", "gpu_count": "2",
+         "run_seconds": 10, "after": ["p"], "outcome": "cancelled", "outcome_at": 5},
+        {"submit_at": 10, "kind": "external", "gpu_count": 0},
+    ]
+    path = write(tmp_path, "".join(json.dumps(line) + "\n" for line in lines), "t.jsonl")
+    trace = load_trace(path)
+    assert [job.id for job in trace.jobs] == ["p", "q"]
+    assert trace.jobs[1].after == ("p",) and trace.jobs[1].outcome_at == 5.0
+    assert trace.external == (ExternalUsage(at=10.0, gpus=0), ExternalUsage(at=50.0, gpus=16))
+
+
+def test_external_rows_in_csv_need_no_user_or_run(tmp_path: Path) -> None:
+    path = write(tmp_path, HEADER + ",0,,EXTERNAL,8,,,,\n,0,ana,SFT,1,60,,,\n"
+                                    ",3600,,EXTERNAL,2,,,,\n")
+    trace = load_trace(path)
+    assert trace.external == (ExternalUsage(0.0, 8), ExternalUsage(3600.0, 2))
+    assert len(trace.jobs) == 1
+    bad = write(tmp_path, HEADER + ",0,ana,SFT,1,60,,,\nx,5,,EXTERNAL,8,,,,\n", "x.csv")
+    assert "line 3, column 'id'" in str(error(bad))
+
+
+def test_the_format_is_sniffed_without_an_extension(tmp_path: Path) -> None:
+    jsonl = write(tmp_path, '{"submit_at": 0, "user": "a", "kind": "SFT", "gpu_count": 1, '
+                            '"run_seconds": 5}\n', "trace")
+    assert load_trace(jsonl).jobs[0].user == "a"
+    csv_file = write(tmp_path, "submit_at,user,kind,gpu_count,run_seconds\n0,b,SFT,1,5\n",
+                     "trace.txt")
+    assert load_trace(csv_file).jobs[0].user == "b"
+
+
+@pytest.mark.parametrize(("body", "where", "says"), [
+    ("0,ana,SFT,two,60\n", "line 2, column 'gpu_count'", "whole number"),
+    ("0,ana,SFT,0,60\n", "line 2, column 'gpu_count'", "1 or more"),
+    ("0,ana,SFT,1.5,60\n", "line 2, column 'gpu_count'", "whole number"),
+    ("0,ana,XFT,1,60\n", "line 2, column 'kind'", "SFT, DPO, RFT"),
+    ("0,,SFT,1,60\n", "line 2, column 'user'", "every job needs"),
+    ("0,ana,SFT,1,-3\n", "line 2, column 'run_seconds'", "0 or more"),
+    ("0,ana,SFT,1,0\n", "line 2, column 'run_seconds'", "more than 0"),
+    ("0,ana,SFT,1,nan\n", "line 2, column 'run_seconds'", "finite"),
+    ("yesterday,ana,SFT,1,60\n", "line 2, column 'submit_at'", "ISO 8601"),
+    ("0,ana,SFT,1\n", "line 2", "4 fields where the header has 5"),
+    ("0,ana,SFT,1,60\n2024-01-01T00:00:00,bob,SFT,1,60\n", "column 'submit_at'", "mixes"),
+])
+def test_bad_csv_lines_name_line_column_and_fix(tmp_path: Path, body: str, where: str,
+                                                says: str) -> None:
+    path = write(tmp_path, "submit_at,user,kind,gpu_count,run_seconds\n" + body)
+    message = str(error(path))
+    assert message.startswith(str(path))
+    assert where in message and says in message
+
+
+@pytest.mark.parametrize(("text", "where", "says"), [
+    ("submit_at,user,kind,gpus,run_seconds\n", "line 1", "unknown column 'gpus'"),
+    ("submit_at,user,kind,run_seconds\n0,a,SFT,5\n", "line 1", "lacks gpu_count"),
+    ("", "t.csv", "empty"),
+    ("submit_at,user,kind,gpu_count,run_seconds\n", "t.csv", "no jobs"),
+    (HEADER + ",0,a,SFT,1,5,DONE,,\n", "line 2, column 'outcome'", "FAIL, CANCELLED"),
+    (HEADER + ",0,a,SFT,1,5,,10,\n", "line 2, column 'outcome_at'", "outcome is SUCCESS"),
+    (HEADER + "a,0,a,SFT,1,5,,,\na,1,a,SFT,1,5,,,\n", "line 3, column 'id'", "line 2"),
+    (HEADER + "a,0,a,SFT,1,5,,,\nb,1,a,SFT,1,5,,,zz\n", "line 3, column 'after'",
+     "'zz', which is no job's id"),
+    (HEADER + "a,0,a,SFT,1,5,,,b\nb,1,a,SFT,1,5,,,\n", "line 2, column 'after'",
+     "submitted at the same time or later"),
+    (HEADER + "a,0,a,SFT,1,5,,,a\n", "line 2, column 'after'", "cycle: a runs after a"),
+    (HEADER + "a,0,a,SFT,1,5,,,c\nb,0,a,SFT,1,5,,,a\nc,0,a,SFT,1,5,,,b\n",
+     "column 'after'", "cycle"),
+    (HEADER + "a,0,a,SFT,1,5,,,\nb,1,a,SFT,1,5,,,a;;a\n", "line 3, column 'after'",
+     "empty id"),
+    (HEADER + ",0,,EXTERNAL,8,,,,\n", "t.csv", "only EXTERNAL rows"),
+    (HEADER + ",0,,EXTERNAL,-1,,,,\n,0,a,SFT,1,5,,,\n", "line 2, column 'gpu_count'",
+     "0 or more"),
+])
+def test_bad_files_name_what_to_fix(tmp_path: Path, text: str, where: str, says: str) -> None:
+    message = str(error(write(tmp_path, text)))
+    assert where in message and says in message, message
+
+
+@pytest.mark.parametrize(("line", "where", "says"), [
+    ('{"submit_at": 0, "user": "a", "kind": "SFT", "gpu_count": 1, "run_seconds": 5',
+     "line 1", "is not JSON at character"),
+    ("[1, 2]", "line 1", "not an object"),
+    ('{"submit_at": 0, "user": "a", "kind": "SFT", "gpu_count": true, "run_seconds": 5}',
+     "line 1, column 'gpu_count'", "not a number"),
+    ('{"submit_at": 0, "user": "a", "kind": "SFT", "gpus": 1, "run_seconds": 5}',
+     "line 1", "unknown field 'gpus'"),
+    ('{"submit_at": 0, "user": "a", "kind": "SFT", "gpu_count": 1, "run_seconds": 5, '
+     '"after": {"x": 1}}', "line 1, column 'after'", "list of ids"),
+    ('{"submit_at": 0, "user": ["a"], "kind": "SFT", "gpu_count": 1, "run_seconds": 5}',
+     "line 1, column 'user'", "not text"),
+])
+def test_bad_jsonl_lines(tmp_path: Path, line: str, where: str, says: str) -> None:
+    message = str(error(write(tmp_path, line + "\n", "t.jsonl")))
+    assert where in message and says in message, message
+
+
+def test_unreadable_files_are_trace_errors(tmp_path: Path) -> None:
+    assert "no such file" in str(error(tmp_path / "missing.csv"))
+    binary = tmp_path / "b.csv"
+    binary.write_bytes(b"submit_at,user\n\xff\xfe\x00")
+    assert "UTF-8" in str(error(binary))
+
+
+def test_a_long_after_chain_loads(tmp_path: Path) -> None:
+    rows = ["j0,0,a,SFT,1,5,,,\n"] + [f"j{i},{i},a,SFT,1,5,,,j{i - 1}\n"
+                                       for i in range(1, 5000)]
+    trace = load_trace(write(tmp_path, HEADER + "".join(rows)))
+    assert trace.jobs[-1].after == ("j4998",)
+
+
+@pytest.mark.parametrize("name", ["out.csv", "out.jsonl"])
+def test_write_then_load_gives_the_same_trace(tmp_path: Path, name: str) -> None:
+    trace = Trace(
+        jobs=(
+            TraceJob("a", 0.0, "ana", "SFT", 1, 3600.0),
+            TraceJob("b", 12.5, "bob, jr", "DPO", 8, 0.25, "FAIL", 3.0),
+            TraceJob("c", 12.5, "ana", "RFT", 2, 60.0, "CANCELLED", None, ("a", "b")),
+        ),
+        external=(ExternalUsage(0.0, 4), ExternalUsage(7200.0, 0)),
+    )
+    path = tmp_path / name
+    write_trace(trace, path, comment="made by a test\nsecond line")
+    assert path.read_text().startswith("# made by a test\n# second line\n")
+    assert load_trace(path) == trace
