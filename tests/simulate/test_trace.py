@@ -111,6 +111,7 @@ def test_the_format_is_sniffed_without_an_extension(tmp_path: Path) -> None:
     ("0,ana,SFT,1.5,60\n", "line 2, column 'gpu_count'", "whole number"),
     ("0,ana,XFT,1,60\n", "line 2, column 'kind'", "SFT, DPO, RFT"),
     ("0,,SFT,1,60\n", "line 2, column 'user'", "every job needs"),
+    ("0,ana smith,SFT,1,60\n", "line 2, column 'user'", "letters, digits"),
     ("0,ana,SFT,1,-3\n", "line 2, column 'run_seconds'", "0 or more"),
     ("0,ana,SFT,1,0\n", "line 2, column 'run_seconds'", "more than 0"),
     ("0,ana,SFT,1,nan\n", "line 2, column 'run_seconds'", "finite"),
@@ -137,7 +138,7 @@ def test_bad_csv_lines_name_line_column_and_fix(tmp_path: Path, body: str, where
     (HEADER + "a,0,a,SFT,1,5,,,\nb,1,a,SFT,1,5,,,zz\n", "line 3, column 'after'",
      "'zz', which is no job's id"),
     (HEADER + "a,0,a,SFT,1,5,,,b\nb,1,a,SFT,1,5,,,\n", "line 2, column 'after'",
-     "submitted at the same time or later"),
+     "submitted after this job"),
     (HEADER + "a,0,a,SFT,1,5,,,a\n", "line 2, column 'after'", "cycle: a runs after a"),
     (HEADER + "a,0,a,SFT,1,5,,,c\nb,0,a,SFT,1,5,,,a\nc,0,a,SFT,1,5,,,b\n",
      "column 'after'", "cycle"),
@@ -189,8 +190,8 @@ def test_write_then_load_gives_the_same_trace(tmp_path: Path, name: str) -> None
     trace = Trace(
         jobs=(
             TraceJob("a", 0.0, "ana", "SFT", 1, 3600.0),
-            TraceJob("b", 12.5, "bob, jr", "DPO", 8, 0.25, "FAIL", 3.0),
-            TraceJob("c", 12.5, "ana", "RFT", 2, 60.0, "CANCELLED", None, ("a", "b")),
+            TraceJob("b,2", 12.5, "bob.jr", "DPO", 8, 0.25, "FAIL", 3.0),
+            TraceJob("c", 12.5, "ana", "RFT", 2, 60.0, "CANCELLED", None, ("a", "b,2")),
         ),
         external=(ExternalUsage(0.0, 4), ExternalUsage(7200.0, 0)),
     )

@@ -16,6 +16,7 @@ import csv
 import io
 import json
 import math
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,6 +30,8 @@ COLUMNS = ("id", "submit_at", "user", "kind", "gpu_count", "run_seconds", "outco
            "outcome_at", "after")
 REQUIRED = ("submit_at", "user", "kind", "gpu_count", "run_seconds")
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+# The queue's own rule for a user's name (sftq.users.name).
+USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -316,6 +319,10 @@ def _text(path: Path, row: _Row, column: str) -> str:
     text = str(value).strip()
     if not text:
         raise TraceError(path, "is blank", line=row.line, column=column)
+    if column == "user" and not USER_NAME.fullmatch(text):
+        raise TraceError(path, f"{text!r} is not a user name the queue accepts; use 1 to 64 "
+                               "letters, digits, '_', '.', '@' or '-', starting with a letter "
+                               "or digit", line=row.line, column=column)
     if column == "id" and ";" in text:
         raise TraceError(path, f"{text!r} holds ';', which separates the ids of after; "
                                "choose an id without it", line=row.line, column=column)
@@ -379,8 +386,9 @@ def _check_after(path: Path, jobs: tuple[TraceJob, ...], lines: Mapping[str, int
         for parent in job.after:
             if position[parent] >= position[job.id]:
                 raise TraceError(path, f"names {parent!r} (line {lines[parent]}), which is "
-                                       "submitted at the same time or later; a job can only "
-                                       "run after a job submitted before it",
+                                       "submitted after this job (or at the same time, "
+                                       "further down the file); a job can only run after a "
+                                       "job submitted before it",
                                  line=lines[job.id], column="after")
 
 
