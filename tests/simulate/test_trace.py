@@ -35,10 +35,10 @@ def error(path: Path) -> TraceError:
 
 def test_csv_with_seconds_sorts_by_submit_then_file_order(tmp_path: Path) -> None:
     path = write(tmp_path, "# made by hand\n" + HEADER +
-                 "b,60,bob,dpo,2,120,,,\n"
+                 "b,60,ana,dpo,2,120,,,\n"
                  "a,0,ana,SFT,1,3600,FAIL,30,\n"
                  "\n"
-                 "c,60,cy,RFT,8,10.5,CANCELLED,,a;b\n")
+                 "c,60,ana,RFT,8,10.5,CANCELLED,,a;b\n")
     trace = load_trace(path)
     assert [job.id for job in trace.jobs] == ["a", "b", "c"]
     assert trace.jobs[0] == TraceJob(id="a", submit_at=0.0, user="ana", kind="SFT",
@@ -145,6 +145,10 @@ def test_bad_csv_lines_name_line_column_and_fix(tmp_path: Path, body: str, where
     (HEADER + "a,0,a,SFT,1,5,,,\nb,1,a,SFT,1,5,,,a;;a\n", "line 3, column 'after'",
      "empty id"),
     (HEADER + ",0,,EXTERNAL,8,,,,\n", "t.csv", "only EXTERNAL rows"),
+    (HEADER + "a,0,ana,SFT,1,5,,,\nb,1,bob,SFT,1,5,,,a\n", "line 3, column 'after'",
+     "a job of 'ana'; a job can only run after its own user's jobs"),
+    (HEADER + ",0,a,SFT,1,5,,," + ";".join(f"x{i}" for i in range(21)) + "\n",
+     "line 2, column 'after'", "at most 20"),
     (HEADER + ",0,,EXTERNAL,-1,,,,\n,0,a,SFT,1,5,,,\n", "line 2, column 'gpu_count'",
      "0 or more"),
 ])
@@ -190,7 +194,8 @@ def test_write_then_load_gives_the_same_trace(tmp_path: Path, name: str) -> None
     trace = Trace(
         jobs=(
             TraceJob("a", 0.0, "ana", "SFT", 1, 3600.0),
-            TraceJob("b,2", 12.5, "bob.jr", "DPO", 8, 0.25, "FAIL", 3.0),
+            TraceJob("d", 1.0, "bob.jr@x", "SFT", 2, 7.0),
+            TraceJob("b,2", 12.5, "ana", "DPO", 8, 0.25, "FAIL", 3.0),
             TraceJob("c", 12.5, "ana", "RFT", 2, 60.0, "CANCELLED", None, ("a", "b,2")),
         ),
         external=(ExternalUsage(0.0, 4), ExternalUsage(7200.0, 0)),

@@ -30,6 +30,8 @@ COLUMNS = ("id", "submit_at", "user", "kind", "gpu_count", "run_seconds", "outco
            "outcome_at", "after")
 REQUIRED = ("submit_at", "user", "kind", "gpu_count", "run_seconds")
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+# The most jobs one job may run after (POST /jobs' `after`).
+MAX_AFTER = 20
 # The queue's own rule for a user's name (sftq.users.name).
 USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 
@@ -368,6 +370,9 @@ def _after(path: Path, row: _Row) -> tuple[str, ...]:
     if any(not item for item in ids):
         raise TraceError(path, f"{value!r} has an empty id; separate ids with a single ';'",
                          line=row.line, column="after")
+    if len(ids) > MAX_AFTER:
+        raise TraceError(path, f"names {len(ids)} jobs; a job can run after at most "
+                               f"{MAX_AFTER} (the queue's limit)", line=row.line, column="after")
     if len(set(ids)) != len(ids):
         raise TraceError(path, f"{value!r} names an id twice", line=row.line, column="after")
     return tuple(ids)
@@ -379,6 +384,14 @@ def _check_after(path: Path, jobs: tuple[TraceJob, ...], lines: Mapping[str, int
         for parent in job.after:
             if parent not in lines:
                 raise TraceError(path, f"names {parent!r}, which is no job's id in this trace",
+                                 line=lines[job.id], column="after")
+    users = {job.id: job.user for job in jobs}
+    for job in jobs:
+        for parent in job.after:
+            if users[parent] != job.user:
+                raise TraceError(path, f"names {parent!r} (line {lines[parent]}), a job of "
+                                       f"{users[parent]!r}; a job can only run after its own "
+                                       f"user's jobs (the queue answers unknown_dependency)",
                                  line=lines[job.id], column="after")
     _check_cycles(path, jobs, lines)
     position = {job.id: index for index, job in enumerate(jobs)}
