@@ -204,3 +204,90 @@ def test_write_then_load_gives_the_same_trace(tmp_path: Path, name: str) -> None
     write_trace(trace, path, comment="made by a test\nsecond line")
     assert path.read_text().startswith("# made by a test\n# second line\n")
     assert load_trace(path) == trace
+
+
+# -- docs/simulate.md's conversions of public traces, run as written -----------------------
+PHILLY_JOBS = [
+    {"status": "Pass", "vc": "ee9e8c", "jobid": "application_1506638472019_14199",
+     "attempts": [
+         {"start_time": "2017-10-07 01:12:09", "end_time": "2017-10-07 01:13:23",
+          "detail": [{"ip": "m47", "gpus": [f"gpu{i}" for i in range(8)]}]},
+         {"start_time": "2017-10-07 01:13:30", "end_time": "2017-10-09 06:53:12",
+          "detail": [{"ip": "m412", "gpus": [f"gpu{i}" for i in range(8)]}]}],
+     "submitted_time": "2017-10-07 01:11:39", "user": "ce2f4c"},
+    {"status": "Killed", "vc": "ee9e8c", "jobid": "application_1_2",
+     "attempts": [{"start_time": "2017-10-02 10:00:00", "end_time": "2017-10-02 11:00:00",
+                   "detail": [{"ip": "m1", "gpus": ["gpu0"]}, {"ip": "m2", "gpus": ["gpu3"]}]}],
+     "submitted_time": "2017-10-02 09:30:00", "user": "ab12cd"},
+    {"status": "Failed", "vc": "x", "jobid": "application_1_3",
+     "attempts": [{"start_time": "2017-10-03 00:00:10", "end_time": "2017-10-03 00:05:10",
+                   "detail": [{"ip": "m1", "gpus": ["gpu0"]}]}],
+     "submitted_time": "2017-10-03 00:00:00", "user": "ab12cd"},
+    # Left out: never ran; still running when cut; outside the week; no GPUs.
+    {"status": "Killed", "vc": "x", "jobid": "application_1_4", "attempts": [],
+     "submitted_time": "2017-10-03 00:00:00", "user": "ab12cd"},
+    {"status": "Pass", "vc": "x", "jobid": "application_1_5",
+     "attempts": [{"start_time": "2017-10-03 00:00:10", "end_time": None,
+                   "detail": [{"ip": "m1", "gpus": ["gpu0"]}]}],
+     "submitted_time": "2017-10-03 00:00:00", "user": "ab12cd"},
+    {"status": "Pass", "vc": "x", "jobid": "application_1_6",
+     "attempts": [{"start_time": "2017-10-12 00:00:10", "end_time": "2017-10-12 01:00:00",
+                   "detail": [{"ip": "m1", "gpus": ["gpu0"]}]}],
+     "submitted_time": "2017-10-12 00:00:00", "user": "ab12cd"},
+    {"status": "Pass", "vc": "x", "jobid": "application_1_7",
+     "attempts": [{"start_time": "2017-10-04 00:00:10", "end_time": "2017-10-04 01:00:00",
+                   "detail": [{"ip": "m1", "gpus": []}]}],
+     "submitted_time": "2017-10-04 00:00:00", "user": "ab12cd"},
+]
+
+ACME_COLUMNS = ("job_id,user,node_num,gpu_num,cpu_num,type,state,submit_time,start_time,"
+                "end_time,duration,queue,gpu_time")
+ACME_ROWS = [  # (job_id, user, gpu_num, state, submit, start, end, duration)
+    ("5778432", "u5907", 8, "FAILED", "03-06 00:18:22", "03-06 00:18:54", "03-06 00:20:51", 117),
+    ("5778469", "u5907", 8, "COMPLETED", "03-06 00:23:58", "03-06 00:24:11", "03-06 01:09:04",
+     2693),
+    ("5778470", "u1a2b", 2, "CANCELLED", "03-07 10:00:00", "03-07 10:10:00", "03-07 10:40:00",
+     1800),
+    ("5778471", "u1a2b", 4, "TIMEOUT", "03-08 10:00:00", "03-08 10:00:00", "03-08 11:00:00", 3600),
+    # Left out: a CPU job; a job before the week.
+    ("5778472", "u1a2b", 0, "COMPLETED", "03-08 10:00:00", "03-08 10:00:00", "03-08 11:00:00",
+     3600),
+    ("5778473", "u1a2b", 1, "COMPLETED", "03-01 10:00:00", "03-01 10:00:00", "03-01 11:00:00",
+     3600),
+]
+ACME_SEREN = ACME_COLUMNS + "\n" + "".join(
+    f"{job},{user},1,{gpus},16,Other,{state},2023-{submit}+08:00,2023-{begin}+08:00,"
+    f"2023-{end}+08:00,{duration},0,{gpus * duration}\n"
+    for job, user, gpus, state, submit, begin, end, duration in ACME_ROWS)
+
+
+def test_the_docs_conversions_of_philly_and_acme_work_as_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "simulate.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in doc.split("```python\n")[1:]]
+    assert len(blocks) == 4
+    (tmp_path / "trace-data").mkdir()
+    (tmp_path / "trace-data" / "cluster_job_log").write_text(json.dumps(PHILLY_JOBS))
+    (tmp_path / "data" / "job_trace").mkdir(parents=True)
+    (tmp_path / "data" / "job_trace" / "trace_seren.csv").write_text(ACME_SEREN)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {}
+    for block in blocks:
+        exec(compile(block, "docs/simulate.md", "exec"), namespace)
+
+    philly = load_trace(tmp_path / "philly-week.csv")
+    assert [(j.id, j.submit_at, j.user, j.gpu_count, j.run_seconds, j.outcome, j.outcome_at)
+            for j in philly.jobs] == [
+        ("application_1_2", 9.5 * 3600, "ab12cd", 2, 3600.0, "CANCELLED", 5400.0),
+        ("application_1_3", 86400.0, "ab12cd", 1, 300.0, "FAIL", None),
+        ("application_1506638472019_14199", 5 * 86400 + 3600 + 11 * 60 + 39, "ce2f4c", 8,
+         (2 * 86400 + 5 * 3600 + 41 * 60 + 3), "SUCCESS", None),
+    ]
+    seren = load_trace(tmp_path / "seren-week.csv")
+    assert [(j.id, j.submit_at, j.user, j.gpu_count, j.run_seconds, j.outcome, j.outcome_at)
+            for j in seren.jobs] == [
+        ("5778432", 18 * 60 + 22, "u5907", 8, 117.0, "FAIL", None),
+        ("5778469", 23 * 60 + 58, "u5907", 8, 2693.0, "SUCCESS", None),
+        ("5778470", 86400 + 10 * 3600, "u1a2b", 2, 1800.0, "CANCELLED", 2400.0),
+        ("5778471", 2 * 86400 + 10 * 3600, "u1a2b", 4, 3600.0, "FAIL", None),
+    ]
