@@ -1,0 +1,1 @@
+"""`sftq simulate`: replay a trace of jobs through the real admission on a virtual clock."""
