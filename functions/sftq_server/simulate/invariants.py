@@ -27,6 +27,9 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.truth (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
     quota_limit integer NOT NULL,
     external integer NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS {SCHEMA}.caps (
+    user_id bigint PRIMARY KEY,
+    cap integer NOT NULL);
 CREATE TABLE IF NOT EXISTS {SCHEMA}.violations (
     id bigserial PRIMARY KEY,
     what text NOT NULL,
@@ -38,6 +41,7 @@ DECLARE
     v_user  sftq.users;
     v_ours  integer;
     v_truth {SCHEMA}.truth;
+    v_cap   integer;
 BEGIN
     SELECT * INTO v_job FROM sftq.jobs WHERE id = NEW.job_id;
     SELECT * INTO v_user FROM sftq.users WHERE id = v_job.user_id;
@@ -50,11 +54,15 @@ BEGIN
                    'outside the queue, over the quota of %s', NEW.job_id, v_job.gpu_count,
                    v_ours, v_truth.external, v_truth.quota_limit), ARRAY[NEW.job_id]);
     END IF;
+    -- The cap the replay was asked for, not only the row admission reads.
+    v_cap := COALESCE((SELECT c.cap FROM {SCHEMA}.caps c WHERE c.user_id = v_user.id),
+                      v_user.max_running);
     IF (SELECT count(*) FROM sftq.jobs r WHERE r.user_id = v_user.id AND r.state = 'PROGRESS')
-         > v_user.max_running THEN
+         > LEAST(v_cap, v_user.max_running) THEN
         INSERT INTO {SCHEMA}.violations (what, jobs) VALUES (
             format('cap: admitting %s gives user %s more than their cap of %s running',
-                   NEW.job_id, v_user.name, v_user.max_running), ARRAY[NEW.job_id]);
+                   NEW.job_id, v_user.name, LEAST(v_cap, v_user.max_running)),
+            ARRAY[NEW.job_id]);
     END IF;
     INSERT INTO {SCHEMA}.violations (what, jobs)
     SELECT format('fifo: admitted %s while %s (%s) waited ahead of it%s', NEW.job_id, q.id,
@@ -93,6 +101,12 @@ def install(conn: psycopg.Connection[Any], quota_limit: int) -> None:
     conn.execute(f"INSERT INTO {SCHEMA}.truth (quota_limit, external) VALUES (%s, 0) "
                  "ON CONFLICT (only_row) DO UPDATE SET quota_limit = EXCLUDED.quota_limit",
                  (quota_limit,))
+
+
+def set_cap(conn: psycopg.Connection[Any], user_id: int, cap: int) -> None:
+    """The cap the replay gave this user: admission must hold it whatever the row says."""
+    conn.execute(f"INSERT INTO {SCHEMA}.caps (user_id, cap) VALUES (%s, %s) "
+                 "ON CONFLICT (user_id) DO UPDATE SET cap = EXCLUDED.cap", (user_id, cap))
 
 
 def set_external(conn: psycopg.Connection[Any], gpus: int) -> None:
