@@ -144,3 +144,38 @@ def test_a_cap_broken_inside_the_database_is_caught(db_url: str) -> None:
     # Admission takes one job per user a pass: alice's second starts at the second tick.
     assert (r["violations"][0]["tick"], r["violations"][0]["at"]) == (2, 60.0)
     assert "alice more than their cap of 1" in r["violations"][0]["what"]
+
+
+LIFO_SQL = """
+CREATE FUNCTION public.lifo_admit(p_limit integer, p_usage numeric, p_grace interval)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_job sftq.jobs;
+BEGIN
+    -- The newest waiting job first: last in, first out.
+    SELECT * INTO v_job FROM sftq.jobs WHERE state = 'QUEUED'
+     ORDER BY created_at DESC, id DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('budget', p_limit, 'jobs', '[]'::jsonb);
+    END IF;
+    v_job := sftq._transition(v_job.id, 'PROGRESS', now(), 'scheduler', 'admitted');
+    RETURN jsonb_build_object('budget', p_limit, 'jobs', jsonb_build_array(jsonb_build_object(
+        'job_id', v_job.id, 'kind', v_job.kind, 'gpu_count', v_job.gpu_count,
+        'fireworks_payload', v_job.fireworks_payload)));
+END $$;
+"""
+
+
+def test_an_admission_out_of_fifo_order_is_caught(db_url: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute(LIFO_SQL, prepare=False)
+    monkeypatch.setattr(sqlmod, "ADMIT_FOR_QUOTA",
+                        "SELECT public.lifo_admit(%s::int, %s::numeric, make_interval(secs => %s))")
+    trace = Trace((job("a", 0, "alice", 1, 100), job("b", 1, "bob", 1, 100)))
+    r = replay(trace, Options(quota=8, event_admission=False), database_url=db_url)
+    assert r["violations"], "a LIFO admission went unnoticed"
+    v = r["violations"][0]
+    assert (v["tick"], v["at"]) == (1, 30.0)
+    assert v["what"].startswith("fifo: admitted") and "(alice) waited ahead of it" in v["what"]
+    assert len(v["jobs"]) == 2

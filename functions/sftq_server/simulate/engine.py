@@ -262,6 +262,7 @@ class _Job:
     started: float | None = None     # created at the provider (virtual seconds)
     ended: float | None = None       # ended at the provider
     provider_done: bool = False
+    refused: str | None = None       # refused at submit (a per-user limit, say)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -408,7 +409,8 @@ class Replay:
                     f"{len(stuck)} job(s) never ended, {IDLE_LIMIT_SECONDS / 86400:g} days after "
                     "the last event (more GPUs than the quota, or a stuck job)", stuck[:10])])
             # The pass that comes first, if it comes before the next event.
-            candidates = [(periodic, "tick"), (reconcile_at, "reconcile")]
+            candidates: list[tuple[float, wake.Pass]] = [(periodic, "tick"),
+                                                         (reconcile_at, "reconcile")]
             if wake_at is not None:
                 candidates.append((wake_at, "wake"))
             when, pass_ = min(candidates, key=lambda c: (c[0], c[1] != "tick"))
@@ -703,7 +705,7 @@ class Replay:
                         "by_user": {u: round(s, 3) for u, s in sorted(self.blocked.items())}},
             "jobs_over_wait_threshold": over,
             "jobs": len(self.jobs),
-            "refused": sum(1 for j in self.jobs if getattr(j, "refused", None)),
+            "refused": sum(1 for j in self.jobs if j.refused),
             "virtual_seconds": round(end, 3),
             "wall_seconds": round(wall, 3),
             "speedup": round(end / wall, 1) if wall > 0 else None,
@@ -713,6 +715,31 @@ class Replay:
             "timeline": self.timeline,
             "violations": [],
         }
+
+
+def tick_cost(trace: TraceLike, options: Options, database_url: str, *,
+              passes: int = 5) -> list[float]:
+    """Milliseconds of each of `passes` periodic ticks after every job of `trace` was
+    submitted at once (the admission cost per virtual tick at that queue length; bench)."""
+    engine = Replay(trace, options, database_url)
+    times: list[float] = []
+    with psycopg.connect(database_url, autocommit=True, prepare_threshold=0) as conn:
+        engine._setup(conn)  # noqa: SLF001
+        engine._submit(conn, engine.jobs)  # noqa: SLF001
+        db = Database(database_url, max_size=2, timeout=30.0)
+        try:
+            with FireworksClient(base_url=BASE_URL, api_key=API_KEY, account_id=ACCOUNT,
+                                 transport=httpx.WSGITransport(app=engine.app),
+                                 rpm=1_000_000, timeout=30.0) as provider:
+                for n in range(passes):
+                    engine.now = (n + 1) * options.tick_interval
+                    engine._sync_db(conn)  # noqa: SLF001
+                    started = time.perf_counter()
+                    run_tick(db, provider, engine.settings, holder="bench")
+                    times.append((time.perf_counter() - started) * 1000)
+        finally:
+            db.close()
+    return times
 
 
 def replay(trace: TraceLike, options: Options | None = None, *,

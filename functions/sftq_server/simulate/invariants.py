@@ -76,10 +76,12 @@ BEGIN
             OR (u.disabled_at IS NULL
                 AND (SELECT count(*) FROM sftq.jobs r
                       WHERE r.user_id = u.id AND r.state = 'PROGRESS') < u.max_running
+                -- Admission takes one job per user a pass: a user who already got one
+                -- in this pass (started at this same virtual moment) may be passed over.
                 AND NOT EXISTS (
-                    SELECT 1 FROM sftq.job_events e JOIN sftq.jobs a ON a.id = e.job_id
-                     WHERE e.event = 'admitted' AND a.user_id = u.id AND e.id < NEW.id
-                       AND e.xmin::text = (pg_current_xact_id()::xid)::text)))
+                    SELECT 1 FROM sftq.jobs a
+                     WHERE a.user_id = u.id AND a.state = 'PROGRESS' AND a.id <> NEW.job_id
+                       AND a.started_at = {SCHEMA}.now())))
      ORDER BY q.created_at, q.id
      LIMIT 1;
     RETURN NULL;
