@@ -23,7 +23,7 @@ c,10,bob,SFT,4,50
 def sftq(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT / "functions"),
                                                        str(ROOT / "clients")])}
-    return subprocess.run([sys.executable, "-m", "sftq_client.cli", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "sftq_client", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -76,6 +76,10 @@ def _cmd(args: argparse.Namespace) -> int:
     if not args.trace:
         print("error: give a TRACE to replay (or --generate FILE to write one)", file=sys.stderr)
         return 2
+    import logging
+
+    # The tick logs every provider fault and retry; a replay reports them in its figures.
+    logging.getLogger("sftq_server").setLevel(logging.INFO if args.verbose else logging.ERROR)
     from sftq_server.simulate import report
     from sftq_server.simulate.engine import ReplayError, compare, replay, with_overrides
     from sftq_server.simulate.trace import TraceError, load_trace
@@ -142,6 +146,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="replay twice and print side by side; each side is key=value[,...] "
                    "over the flags above, e.g. --compare cap=1 cap=2")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every tick")
     p.add_argument("--plot", metavar="FILE.svg",
                    help="draw queue depth, GPUs in use and the waits per user")
     g = p.add_argument_group("generating a synthetic trace")
