@@ -179,3 +179,18 @@ def test_an_admission_out_of_fifo_order_is_caught(db_url: str,
     assert (v["tick"], v["at"]) == (1, 30.0)
     assert v["what"].startswith("fifo: admitted") and "(alice) waited ahead of it" in v["what"]
     assert len(v["jobs"]) == 2
+
+
+def test_max_queued_applies_the_per_user_limits_when_the_database_has_them(
+        db_url: str) -> None:
+    from sftq_server.simulate.engine import ReplayError
+
+    trace = Trace(tuple(job(f"j{i}", 0, "alice", 1, 100) for i in range(4)))
+    with psycopg.connect(db_url, autocommit=True) as c:
+        row = c.execute("SELECT to_regproc('sftq.set_user_limits') IS NOT NULL").fetchone()
+    if not (row and row[0]):
+        with pytest.raises(ReplayError, match="--max-queued needs the per-user limits"):
+            replay(trace, Options(max_queued=1), database_url=db_url)
+        return
+    r = replay(trace, Options(max_queued=1, event_admission=False), database_url=db_url)
+    assert r["violations"] == [] and r["refused"] >= 2

@@ -350,13 +350,15 @@ class Replay:
             self._push(ext.at, "external", ext.gpus)
 
     def _set_max_queued(self, conn: psycopg.Connection[Any], users: list[str], n: int) -> None:
-        # Per-user limits (issue 54's sftq.set_user_limits) are not in every database yet.
+        # The per-user limits (sql/procedures/195_user_limits.sql: set_user_limits(name,
+        # rpm, max_queued, max_streams, set_rpm, set_queued, set_streams); name NULL sets
+        # the default every user without limits of their own follows).
         found = conn.execute("SELECT to_regproc('sftq.set_user_limits') IS NOT NULL").fetchone()
         if not found or not found[0]:
             raise ReplayError("--max-queued needs the per-user limits (sftq.set_user_limits), "
                               "which this version's database does not have")
-        for name in users:
-            conn.execute("SELECT sftq.set_user_limits(%s, p_max_queued => %s)", (name, n))
+        conn.execute("SELECT sftq.set_user_limits(NULL, NULL, %s, NULL, false, true, false)",
+                     (n,))
 
     # -- the main loop -------------------------------------------------------------------------
 
