@@ -182,6 +182,7 @@ class CountingSim:
     def __init__(self, sim: Simulator) -> None:
         self.sim = sim
         self.created: Counter[str] = Counter()
+        self.twice: list[str] = []
 
     def __call__(self, environ: Any, start_response: Any) -> Any:
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
@@ -199,6 +200,8 @@ class CountingSim:
                 name, _, value = part.partition("=")
                 if name.endswith("JobId") and value:
                     self.created[value] += 1
+                    if self.created[value] == 2:
+                        self.twice.append(value)
         return body
 
 
@@ -581,40 +584,43 @@ class Replay:
 
     def _after_tick(self, conn: psycopg.Connection[Any]) -> None:
         problems: list[tuple[str, list[str]]] = []
+        # One read of the new events: the moves (for the lifecycle) and the creates at the
+        # provider (when each job's run starts).
         rows = conn.execute(
             "SELECT id, job_id, event, from_state, to_state FROM sftq.job_events "
-            "WHERE id > %s AND to_state IS NOT NULL AND from_state IS NOT NULL "
-            "ORDER BY id", (self._event_id,)).fetchall()
-        new_top = conn.execute("SELECT COALESCE(max(id), 0) FROM sftq.job_events").fetchone()
-        self._event_id = int(new_top[0]) if new_top else self._event_id
-        for _, job_id, _event, frm, to in rows:
+            "WHERE id > %s AND ((to_state IS NOT NULL AND from_state IS NOT NULL) "
+            "OR event = 'submitted') ORDER BY id", (self._event_id,)).fetchall()
+        if rows:
+            self._event_id = int(rows[-1][0])
+        for _, job_id, event, frm, to in rows:
             jid = str(job_id)
+            if event == "submitted":
+                self._started(jid)
+                continue
             for p in self.lifecycle.moved(jid, str(frm), str(to)):
                 problems.append((p, [jid]))
-        submitted = conn.execute(
-            "SELECT id FROM sftq.jobs WHERE state = 'PROGRESS' AND submitted_at = sftq_sim.now()"
-        ).fetchall()
-        for (job_id,) in submitted:
-            job = self.by_queue.get(str(job_id))
-            if job is None or job.started is not None:
-                continue
-            job.started = self.now
-            t = job.trace
-            run = t.run_seconds
-            if t.outcome == "FAIL" and t.outcome_at is not None:
-                run = max(0.0, min(run, t.submit_at + t.outcome_at - self.now))
-            if t.outcome == "CANCELLED" and t.outcome_at is None:
-                self._push(self.now + run, "cancel", job)
-            else:
-                self._push(self.now + run, "end", job)
         found, self._violation_id = invariants.recorded(conn, self._violation_id)
         problems += found
-        twice = [p for p, n in self.app.created.items() if n > 1]
         problems += [(f"provider job {p} created {self.app.created[p]} times", [p])
-                     for p in twice]
+                     for p in self.app.twice]
         if problems:
             raise Violation(self.ticks, self.now, problems)
         self._sample(conn)
+
+    def _started(self, job_id: str) -> None:
+        """The tick created the job at the provider now: its run ends run_seconds later."""
+        job = self.by_queue.get(job_id)
+        if job is None or job.started is not None:
+            return
+        job.started = self.now
+        t = job.trace
+        run = t.run_seconds
+        if t.outcome == "FAIL" and t.outcome_at is not None:
+            run = max(0.0, min(run, t.submit_at + t.outcome_at - self.now))
+        if t.outcome == "CANCELLED" and t.outcome_at is None:
+            self._push(self.now + run, "cancel", job)
+        else:
+            self._push(self.now + run, "end", job)
 
     def _sample(self, conn: psycopg.Connection[Any]) -> None:
         row = conn.execute(
