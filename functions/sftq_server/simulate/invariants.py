@@ -42,6 +42,7 @@ DECLARE
     v_ours  integer;
     v_truth {SCHEMA}.truth;
     v_cap   integer;
+    v_now   timestamptz;
 BEGIN
     SELECT * INTO v_job FROM sftq.jobs WHERE id = NEW.job_id;
     SELECT * INTO v_user FROM sftq.users WHERE id = v_job.user_id;
@@ -64,24 +65,29 @@ BEGIN
                    NEW.job_id, v_user.name, LEAST(v_cap, v_user.max_running)),
             ARRAY[NEW.job_id]);
     END IF;
+    -- Each user's earliest job waiting ahead of this one (a user's jobs go in order), then
+    -- the few users: theirs could have been admitted instead when the user is this job's
+    -- own, or is below cap and got no job earlier in this pass (same virtual moment).
+    v_now := {SCHEMA}.now();
     INSERT INTO {SCHEMA}.violations (what, jobs)
     SELECT format('fifo: admitted %s while %s (%s) waited ahead of it%s', NEW.job_id, q.id,
                   u.name, CASE WHEN q.user_id = v_job.user_id THEN ' (same user)' ELSE '' END),
            ARRAY[NEW.job_id, q.id]
-      FROM sftq.jobs q JOIN sftq.users u ON u.id = q.user_id
-     WHERE q.state = 'QUEUED'
-       AND (q.created_at, q.id) < (v_job.created_at, v_job.id)
-       AND (q.after IS NULL OR sftq._first_unmet(q.after) IS NULL)
-       AND (q.user_id = v_job.user_id
-            OR (u.disabled_at IS NULL
-                AND (SELECT count(*) FROM sftq.jobs r
-                      WHERE r.user_id = u.id AND r.state = 'PROGRESS') < u.max_running
-                -- Admission takes one job per user a pass: a user who already got one
-                -- in this pass (started at this same virtual moment) may be passed over.
-                AND NOT EXISTS (
-                    SELECT 1 FROM sftq.jobs a
-                     WHERE a.user_id = u.id AND a.state = 'PROGRESS' AND a.id <> NEW.job_id
-                       AND a.started_at = {SCHEMA}.now())))
+      FROM (SELECT DISTINCT ON (w.user_id) w.id, w.user_id, w.created_at
+              FROM sftq.jobs w
+             WHERE w.state = 'QUEUED'
+               AND (w.created_at, w.id) < (v_job.created_at, v_job.id)
+               AND (w.after IS NULL OR sftq._first_unmet(w.after) IS NULL)
+             ORDER BY w.user_id, w.created_at, w.id) q
+      JOIN sftq.users u ON u.id = q.user_id
+     WHERE q.user_id = v_job.user_id
+        OR (u.disabled_at IS NULL
+            AND (SELECT count(*) FROM sftq.jobs r
+                  WHERE r.user_id = u.id AND r.state = 'PROGRESS') < u.max_running
+            AND NOT EXISTS (
+                SELECT 1 FROM sftq.jobs a
+                 WHERE a.user_id = u.id AND a.state = 'PROGRESS' AND a.id <> NEW.job_id
+                   AND a.started_at = v_now))
      ORDER BY q.created_at, q.id
      LIMIT 1;
     RETURN NULL;
