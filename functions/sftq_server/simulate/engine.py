@@ -719,7 +719,7 @@ class Replay:
             "speedup": round(end / wall, 1) if wall > 0 else None,
             "ticks": self.ticks,
             "passes": dict(self.passes),
-            "provider_calls": sum(self.app.created.values()),
+            "provider_creates": sum(self.app.created.values()),
             "timeline": self.timeline,
             "violations": [],
         }
