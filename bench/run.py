@@ -54,7 +54,7 @@ DB_PROBE = "a fixed hash aggregation in PostgreSQL (the database probe)"
 
 SECTIONS = ("enqueue", "admission", "analytics", "tick", "footprint", "profile", "stream",
             "webhooks",
-            "visibility", "mcp", "preflight", "metrics", "admission_latency")
+            "visibility", "mcp", "preflight", "metrics", "admission_latency", "replay")
 
 
 def _module(name: str) -> Any:

@@ -20,6 +20,7 @@ SERVER_COMMANDS: Final[dict[str, str]] = {
     "admin": "[server] manage users and API keys",
     "serve": "[server] serve the three functions at /functions/v1/<name>",
     "deliver": "[server] deliver webhooks in a loop (local stand-in for pg_cron + pg_net)",
+    "simulate": "[server] replay a trace of jobs through the real admission on a virtual clock",
 }
 # Import failures naming these come from a client-only install, not from a bug in the server code.
 _SERVER_ONLY_MODULES: Final = frozenset(

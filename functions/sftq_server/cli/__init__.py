@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "sftq_server.cli.scheduler",  # tick, ticker, simulator
     "sftq_server.cli.dev",  # dev, serve, admin ...
     "sftq_server.cli.webhooks",  # deliver
+    "sftq_server.cli.simulate",  # simulate (replay a trace on a virtual clock)
 )
 
 
