@@ -63,3 +63,20 @@ def test_simulate_refuses_a_bad_compare_side_clearly(trace: Path) -> None:
     assert done.returncode == 2
     assert "is not key=value with a key of cap" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_generate_then_replay_and_plot(tmp_path: Path) -> None:
+    """--generate writes a trace the replay reads; --plot draws its figure (the waits per
+    user come from the result's users[*].waits)."""
+    pytest.importorskip("matplotlib")
+    trace = tmp_path / "gen.csv"
+    made = sftq("simulate", "--generate", str(trace), "--days", "0.1", "--jobs", "12",
+                "--users", "3", "--heavy-users", "1", "--seed", "5")
+    assert made.returncode == 0, made.stderr
+    assert trace.read_text().startswith("# sftq simulate --generate")
+    figure = tmp_path / "waits.svg"
+    done = sftq("simulate", str(trace), "--quota", "16", "--json", "--plot", str(figure))
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    assert all(len(u["waits"]) == u["ran"] for u in result["users"].values())
+    assert figure.read_text().lstrip().startswith(("<?xml", "<svg"))

@@ -57,15 +57,15 @@ def _options(args: argparse.Namespace) -> Any:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from sftq_server.simulate.generate import generate_command, generate_from_args
+    from sftq_server.simulate.trace import write_trace
+
     try:
-        from sftq_server.simulate.generate import generate
-        from sftq_server.simulate.trace import write_trace
-    except ImportError as exc:
-        print(f"error: this version cannot generate traces ({exc})", file=sys.stderr)
+        trace = generate_from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    trace = generate(seed=args.seed, days=args.days, jobs=args.jobs, users=args.users,
-                     heavy_users=args.heavy_users)
-    write_trace(trace, args.generate)
+    write_trace(trace, args.generate, comment=generate_command(args, args.generate))
     print(f"wrote {len(trace.jobs)} jobs to {args.generate}")
     return 0
 
@@ -149,11 +149,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("-v", "--verbose", action="store_true", help="log every tick")
     p.add_argument("--plot", metavar="FILE.svg",
                    help="draw queue depth, GPUs in use and the waits per user")
-    g = p.add_argument_group("generating a synthetic trace")
-    g.add_argument("--generate", metavar="FILE", help="write a synthetic trace and stop")
-    g.add_argument("--seed", type=int, default=1)
-    g.add_argument("--days", type=_positive, default=7.0)
-    g.add_argument("--jobs", type=_count, default=5000)
-    g.add_argument("--users", type=_count, default=30)
-    g.add_argument("--heavy-users", type=int, default=3)
+    p.add_argument("--generate", metavar="FILE",
+                   help="write a synthetic trace (the flags below) and stop")
+    from sftq_server.simulate.generate import add_generate_arguments
+
+    add_generate_arguments(p)
     p.set_defaults(func=_cmd)

@@ -695,7 +695,9 @@ class Replay:
                 "wait_p95": round(_percentile(ws, 0.95), 3),
                 "wait_max": round(max(ws, default=0.0), 3),
                 "mean_slowdown": round(statistics.fmean(sl), 4) if sl else None,
-                "over_threshold": sum(1 for w in ws if w > self.options.wait_threshold)}
+                "over_threshold": sum(1 for w in ws if w > self.options.wait_threshold),
+                # Every admitted job's wait, in seconds: what --plot draws per user.
+                "waits": [round(w, 3) for w in ws]}
         means = [u["mean_slowdown"] for u in users.values() if u["mean_slowdown"] is not None]
         jain = (sum(means) ** 2 / (len(means) * sum(x * x for x in means))) if means else None
         end = max([self.now] + [j.ended for j in self.jobs if j.ended is not None])
