@@ -52,8 +52,8 @@ PROBE_SPREAD_NOTE = 1.25
 CPU_PROBE = "a fixed CPU loop"
 DB_PROBE = "a fixed hash aggregation in PostgreSQL (the database probe)"
 
-SECTIONS = ("enqueue", "admission", "analytics", "tick", "footprint", "profile", "stream",
-            "webhooks",
+SECTIONS = ("enqueue", "enqueue_cost", "admission", "analytics", "tick", "footprint", "profile",
+            "stream", "webhooks",
             "visibility", "mcp", "preflight", "metrics", "admission_latency", "replay")
 
 

@@ -15,10 +15,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("enqueue", "admission", "analytics", "tick", "stream", "visibility")
+SECTIONS = ("enqueue", "enqueue_cost", "admission", "analytics", "tick", "stream",
+            "visibility")
 
 # Rows each of these sections must print (by a part of their names free of the quick sizes).
 ROWS = {
+    "enqueue_cost": (
+        "admission bookkeeping cost on enqueue (16 users)",
+        "enqueue with the per-user limiter / without (16 producers, one a call)",
+        "enqueue with the per-user limiter / without (2 producers, 8 a call)",
+    ),
     "analytics": (
         "queue analytics answer, typical user",
         "of which the rows (sftq.queue_view, no JSON)",
