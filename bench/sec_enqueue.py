@@ -477,9 +477,9 @@ def _nolimit_variant(conn: psycopg.Connection[Any]) -> None:
     text = str(row[0])
     steps = [
         (r"FUNCTION sftq\.api_submit_many\(", "FUNCTION sftq.api_submit_many_nolimit("),
-        (r"sftq\.user_limits_take\((ARRAY\[sftq\.authenticate\(p_key_hashes\[1\]\)\])\) lim",
-         r"(SELECT \1 AS user_ids, NULL::text[] AS err_states, NULL::text[] AS err_messages, "
-         r"NULL::text[] AS err_details) lim"),
+        (r"sftq\._user_limit_one\((sftq\.authenticate\(p_key_hashes\[1\]\))\) lim",
+         r"(SELECT ARRAY[\1] AS user_ids, NULL::text[] AS err_states, "
+         r"NULL::text[] AS err_messages, NULL::text[] AS err_details) lim"),
         (r"sftq\.user_limits_take\((sftq\.authenticate_many\(p_key_hashes\))\) lim",
          r"(SELECT \1 AS user_ids, NULL::text[] AS err_states, NULL::text[] AS err_messages, "
          r"NULL::text[] AS err_details) lim"),

@@ -75,7 +75,7 @@ BEGIN
                    e.replayed, e.id, COALESCE(lim.err_states[1], e.err_state),
                    COALESCE(lim.err_messages[1], e.err_message),
                    COALESCE(lim.err_details[1], e.err_detail)
-              FROM sftq.user_limits_take(ARRAY[sftq.authenticate(p_key_hashes[1])]) lim,
+              FROM sftq._user_limit_one(sftq.authenticate(p_key_hashes[1])) lim,
                    sftq._enqueue_one(lim.user_ids[1], p_kinds[1], p_payloads[1],
                                      p_display_names[1], p_gpu_counts[1], p_idempotency_keys[1],
                                      p_queue_timeouts[1], NULL, p_default_queue_timeout, NULL) e;
@@ -234,7 +234,7 @@ AS $$
 $$;
 
 COMMENT ON FUNCTION sftq.api_enqueue(bytea, text, jsonb, text, integer, text) IS 'POST /jobs. Authenticates, then sftq.enqueue; answers the 201 body and whether it was an idempotent replay.';
-COMMENT ON FUNCTION sftq.api_submit_many(bytea[], text[], jsonb[], text[], integer[], text[], integer[], integer) IS 'POST /jobs for several requests at once (group commit): sftq.authenticate_many, then sftq.enqueue_many; one row per request in the order given, with the 201 body and whether it replayed an Idempotency-Key, or the error that request gets (err_state: SQ400, SQ401, SQ419, or a per-user limit''s SQ429, SQ4QL). Locking contract: the key rows authenticate_many touches (never waited for), the callers'' sftq.user_rate rows (sftq.user_limits_take), then as sftq.enqueue_many.';
+COMMENT ON FUNCTION sftq.api_submit_many(bytea[], text[], jsonb[], text[], integer[], text[], integer[], integer) IS 'POST /jobs for several requests at once (group commit): sftq.authenticate_many, then sftq.enqueue_many; one row per request in the order given, with the 201 body and whether it replayed an Idempotency-Key, or the error that request gets (err_state: SQ400, SQ401, SQ419, or a per-user limit''s SQ429, SQ4QL). Locking contract: the key rows authenticate_many touches (never waited for), the callers'' sftq.user_rate rows (sftq.user_limits_take, or sftq._user_limit_one for a lone request), then as sftq.enqueue_many.';
 COMMENT ON FUNCTION sftq.api_list_jobs(bytea, text, text, integer, text) IS 'GET /jobs. Authenticates, then one keyset page of sftq.list_jobs and the next cursor (NULL on the last page).';
 COMMENT ON FUNCTION sftq.api_get_job(bytea, uuid) IS 'GET /jobs/:id. SQ404 when not the caller''s.';
 COMMENT ON FUNCTION sftq.api_cancel_job(bytea, uuid) IS 'DELETE /jobs/:id, first half: sftq.cancel plus the job as it now is.';
