@@ -334,9 +334,9 @@ def test_log_check_catches_a_body_written_to_the_log(
         figures: dict[str, Any]) -> None:
     honest = sftq_server.http.routes.jobs.parse_submit
 
-    def chatty(body: bytes) -> Any:
+    def chatty(body: bytes, *args: Any) -> Any:
         logging.getLogger("sftq.api").debug("submit body: %s", body.decode())
-        return honest(body)
+        return honest(body, *args)
 
     monkeypatch.setattr(sftq_server.http.routes.jobs, "parse_submit", chatty)
     capture_every_logger(caplog)
