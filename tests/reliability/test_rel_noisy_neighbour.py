@@ -45,7 +45,7 @@ from sftq_server.scheduler.wake import WakePlan, WakeState
 from sftq_server.simulator import Simulator, SimulatorServer
 
 RPM = 60
-SECONDS = env_float("SFTQ_REL_NOISY_SECONDS", 65.0)
+SECONDS = env_float("SFTQ_REL_NOISY_SECONDS", 60.0)
 PERIODIC_SECONDS = 30.0
 NORMAL_USERS = 5
 STREAMS = 25
