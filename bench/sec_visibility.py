@@ -220,8 +220,12 @@ class _Replay:
         for job in answer[0]["jobs"]:
             job_id = str(job["job_id"])
             self.sim.job_seconds = self.runs[job_id]
-            payload = {"dataset": "accounts/bench/datasets/d", "evaluator": "e",
-                       "inferenceParameters": {"responseCandidatesCount": 2}}
+            # A body of the job's own kind: the simulator refuses another kind's fields, as
+            # Fireworks does.
+            payload: dict[str, Any] = {"dataset": "accounts/bench/datasets/d"}
+            if job["kind"] == "RFT":
+                payload |= {"evaluator": "accounts/bench/evaluators/e",
+                            "inferenceParameters": {"responseCandidatesCount": 2}}
             pj = self.provider.create_job(job["kind"], provider_job_id(job_id), payload,
                                           gpu_count=job["gpu_count"])
             c.execute("SELECT sftq.record_submitted(%s, %s, %s, false, %s)",
